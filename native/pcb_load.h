@@ -1,0 +1,114 @@
+/* The load engine: one thread, epoll, many non-blocking connections to one echo server.
+ *
+ * A load is opened once (all connections established, the thread pinned), then runs any
+ * number of phases (warm-up, measured rounds) on the same connections, then is closed.  In a
+ * closed-loop phase each connection sends a message, waits for its whole echo, checks it byte
+ * for byte against what it sent, records the round trip's latency, and sends the next.
+ * Nothing is allocated while a phase runs.
+ *
+ * Payloads differ per connection and per message: the first min(16, size) bytes of every
+ * message are a hash of (seed, connection id, sequence number), the rest a per-connection
+ * pseudo-random pattern.  So crossed, dropped, duplicated, reordered or corrupted bytes are
+ * caught as a payload mismatch, which fails the phase at once.
+ */
+#ifndef PCB_LOAD_H
+#define PCB_LOAD_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/socket.h>
+
+#include "pcb_hist.h"
+
+enum pcb_mode {
+    PCB_MODE_CLOSED = 0, /* ping-pong: the only mode implemented */
+    PCB_MODE_OPEN = 1,   /* reserved: fixed rate, latency from the intended send time */
+};
+
+/* Error kinds, counted per phase (and during connect). */
+enum pcb_err_kind {
+    PCB_E_CONNECT_REFUSED = 0,
+    PCB_E_CONNECT_OTHER,
+    PCB_E_RESET,
+    PCB_E_EOF,
+    PCB_E_TIMEOUT,
+    PCB_E_MISMATCH,
+    PCB_E_IO,
+    PCB_E_COUNT
+};
+
+/* Why a phase (or connect) ended. */
+enum pcb_status {
+    PCB_OK = 0,
+    PCB_FAIL_CONNECT,     /* a connection could not be established (or timed out) */
+    PCB_FAIL_MISMATCH,    /* echoed bytes differ from the bytes sent */
+    PCB_FAIL_STALL,       /* no round trip completed for stall_timeout seconds */
+    PCB_FAIL_DEADLINE,    /* the phase's hard deadline passed */
+    PCB_FAIL_ERRORS,      /* more connection errors than max_errors, or none left */
+    PCB_FAIL_INTERRUPTED, /* the signal check asked to stop (Ctrl-C, pytest-timeout) */
+    PCB_FAIL_SYSTEM,      /* epoll/clock/affinity failure; message says which */
+};
+
+typedef struct pcb_load_spec {
+    struct sockaddr_storage addr; /* AF_INET, AF_INET6 or AF_UNIX; the caller checked it is loopback */
+    socklen_t addrlen;
+    uint32_t connections;         /* >= 1 */
+    uint32_t size;                /* message size, 1 .. 1 MiB */
+    int mode;                     /* PCB_MODE_CLOSED (PCB_MODE_OPEN: EINVAL for now) */
+    uint32_t pipeline;            /* messages in flight per connection: 1 for now */
+    double rate;                  /* open loop only: messages/s in total */
+    double connect_timeout;       /* seconds for all connections */
+    int cpu;                      /* pin the calling thread there; -1: leave as is */
+    uint32_t max_errors;          /* connection errors tolerated per phase before failing */
+    uint64_t seed;
+} pcb_load_spec;
+
+typedef struct pcb_phase_spec {
+    uint64_t messages;    /* round trips to complete; 0: run for `duration` seconds */
+    double duration;
+    double stall_timeout; /* seconds without any completed round trip */
+    double deadline;      /* hard limit on the phase, seconds */
+    int minimal;          /* 1: the ceiling client: no clock per message, no payload check,
+                             no histogram; only counts */
+} pcb_phase_spec;
+
+typedef struct pcb_phase_result {
+    int status;                     /* enum pcb_status */
+    char message[320];              /* why, when status != PCB_OK */
+    uint64_t completed;             /* verified round trips */
+    double elapsed;                 /* seconds, phase start to its last completion (connect: to the last connection up) */
+    double cpu_user, cpu_sys;       /* the engine thread's CPU seconds in the phase */
+    uint64_t errors[PCB_E_COUNT];
+    uint32_t waiting;               /* at the end: connections with a message outstanding */
+    uint32_t live;                  /* connections open at the end */
+    uint64_t bytes;                 /* payload bytes received and verified */
+} pcb_phase_result;
+
+/* Called about every 100 ms and on EINTR; returns nonzero to stop the run (Python's
+ * PyErr_CheckSignals under the GIL, in the binding). */
+typedef int (*pcb_check_fn)(void *arg);
+
+typedef struct pcb_load pcb_load;
+
+/* Validates spec, pins the thread, allocates everything, and establishes every connection
+ * (at most 512 connects in flight) before returning.  Returns the load, with res->elapsed the
+ * connect time; or NULL with res->status/message set (errno ENOMEM, EINVAL, or the connect
+ * error) and every socket closed. */
+pcb_load *pcb_load_open(const pcb_load_spec *spec, pcb_phase_result *res, pcb_check_fn check,
+                        void *arg);
+
+/* Runs one phase; the histogram and per-connection counts are reset at its start.  Must be
+ * called from the thread that opened the load.  Returns res->status. */
+int pcb_load_phase(pcb_load *load, const pcb_phase_spec *ps, pcb_phase_result *res,
+                   pcb_check_fn check, void *arg);
+
+/* The last phase's latency histogram and per-connection completed counts (connections
+ * entries). */
+const pcb_hist *pcb_load_hist(const pcb_load *load);
+const uint64_t *pcb_load_per_conn(const pcb_load *load);
+uint32_t pcb_load_connections(const pcb_load *load);
+
+/* Closes every socket, restores the thread's CPU affinity, frees the load.  NULL is a no-op. */
+void pcb_load_close(pcb_load *load);
+
+#endif

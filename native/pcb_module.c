@@ -1,0 +1,627 @@
+/* pyconcbench._native: the one file that speaks CPython.
+ *
+ * Thin wrappers: parse and check arguments, release the GIL around the blocking native work
+ * only (re-taking it about every 100 ms to run Python's signal handlers, so Ctrl-C and
+ * pytest-timeout interrupt a long load), and map errno to OSError, bad arguments to
+ * ValueError.  Everything else lives in the pcb_*.c files.
+ */
+#define PY_SSIZE_T_CLEAN
+#define _GNU_SOURCE
+#include <Python.h>
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/un.h>
+
+#include "pcb_echo.h"
+#include "pcb_hist.h"
+#include "pcb_load.h"
+#include "pcb_probe.h"
+
+typedef struct {
+    PyTypeObject *load_type;
+} module_state;
+
+static inline module_state *get_state(PyObject *module)
+{
+    return (module_state *)PyModule_GetState(module);
+}
+
+/* ---- GIL handling ----------------------------------------------------------------- */
+
+typedef struct {
+    PyThreadState *save;
+} gil_ctx;
+
+/* pcb_check_fn: take the GIL, run pending signal handlers, release it again. */
+static int check_signals(void *arg)
+{
+    gil_ctx *g = arg;
+    PyEval_RestoreThread(g->save);
+    int r = PyErr_CheckSignals();
+    g->save = PyEval_SaveThread();
+    return r != 0;
+}
+
+/* ---- names ------------------------------------------------------------------------ */
+
+static const char *const ERROR_NAMES[PCB_E_COUNT] = {
+    [PCB_E_CONNECT_REFUSED] = "connect_refused",
+    [PCB_E_CONNECT_OTHER] = "connect_other",
+    [PCB_E_RESET] = "reset",
+    [PCB_E_EOF] = "early_eof",
+    [PCB_E_TIMEOUT] = "timeout",
+    [PCB_E_MISMATCH] = "payload_mismatch",
+    [PCB_E_IO] = "io",
+};
+
+static const char *status_name(int status)
+{
+    switch (status) {
+    case PCB_OK: return "ok";
+    case PCB_FAIL_CONNECT: return "connect";
+    case PCB_FAIL_MISMATCH: return "payload_mismatch";
+    case PCB_FAIL_STALL: return "stall";
+    case PCB_FAIL_DEADLINE: return "deadline";
+    case PCB_FAIL_ERRORS: return "errors";
+    case PCB_FAIL_INTERRUPTED: return "interrupted";
+    default: return "system";
+    }
+}
+
+#define PERCENTILE_COUNT 6
+static const double PERCENTILES[PERCENTILE_COUNT] = {50.0, 90.0, 95.0, 99.0, 99.9, 100.0};
+static const char *const PERCENTILE_KEYS[PERCENTILE_COUNT] = {"p50", "p90", "p95", "p99", "p99_9", "max"};
+
+/* A dict of latency figures in ns, and the non-empty buckets as (highest value, count). */
+static PyObject *latency_dict(const pcb_hist *h)
+{
+    int64_t out[PERCENTILE_COUNT];
+    pcb_hist_percentiles(h, PERCENTILES, out, PERCENTILE_COUNT);
+    PyObject *d = Py_BuildValue("{s:K,s:K,s:L,s:d}", "count", (unsigned long long)h->total,
+                                "out_of_range", (unsigned long long)h->out_of_range, "min",
+                                (long long)(h->total ? h->min : 0), "mean",
+                                h->total ? h->sum / (double)h->total : 0.0);
+    if (!d)
+        return NULL;
+    for (int i = 0; i < PERCENTILE_COUNT; i++) {
+        PyObject *v = PyLong_FromLongLong(out[i]);
+        if (!v || PyDict_SetItemString(d, PERCENTILE_KEYS[i], v) < 0) {
+            Py_XDECREF(v);
+            Py_DECREF(d);
+            return NULL;
+        }
+        Py_DECREF(v);
+    }
+    PyObject *buckets = PyList_New(0);
+    if (!buckets) {
+        Py_DECREF(d);
+        return NULL;
+    }
+    for (int i = 0; i < PCB_HIST_BUCKETS; i++) {
+        if (!h->counts[i])
+            continue;
+        PyObject *pair = Py_BuildValue("(LK)", (long long)pcb_hist_bucket_high(i),
+                                       (unsigned long long)h->counts[i]);
+        if (!pair || PyList_Append(buckets, pair) < 0) {
+            Py_XDECREF(pair);
+            Py_DECREF(buckets);
+            Py_DECREF(d);
+            return NULL;
+        }
+        Py_DECREF(pair);
+    }
+    int r = PyDict_SetItemString(d, "buckets", buckets);
+    Py_DECREF(buckets);
+    if (r < 0) {
+        Py_DECREF(d);
+        return NULL;
+    }
+    return d;
+}
+
+static PyObject *result_dict(const pcb_phase_result *res)
+{
+    PyObject *errors = PyDict_New();
+    if (!errors)
+        return NULL;
+    for (int k = 0; k < PCB_E_COUNT; k++) {
+        PyObject *v = PyLong_FromUnsignedLongLong(res->errors[k]);
+        if (!v || PyDict_SetItemString(errors, ERROR_NAMES[k], v) < 0) {
+            Py_XDECREF(v);
+            Py_DECREF(errors);
+            return NULL;
+        }
+        Py_DECREF(v);
+    }
+    return Py_BuildValue("{s:s,s:s,s:K,s:d,s:d,s:d,s:N,s:I,s:I,s:K}", "status",
+                         status_name(res->status), "message", res->message, "completed",
+                         (unsigned long long)res->completed, "elapsed", res->elapsed, "cpu_user",
+                         res->cpu_user, "cpu_sys", res->cpu_sys, "errors", errors, "waiting",
+                         res->waiting, "live", res->live, "bytes", (unsigned long long)res->bytes);
+}
+
+/* ---- Load ------------------------------------------------------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    pcb_load_spec spec;
+    pcb_load *load;
+    unsigned long owner; /* thread that opened it: phases must run there (CPU pinning) */
+} LoadObject;
+
+/* Fills spec->addr from a loopback address; sets ValueError otherwise. */
+static int parse_address(pcb_load_spec *spec, const char *family, const char *address, int port)
+{
+    memset(&spec->addr, 0, sizeof(spec->addr));
+    if (strcmp(family, "unix") == 0) {
+        struct sockaddr_un *un = (struct sockaddr_un *)&spec->addr;
+        size_t len = strlen(address);
+        if (len == 0 || len >= sizeof(un->sun_path)) {
+            PyErr_Format(PyExc_ValueError, "address: UNIX socket path must be 1 to %zu bytes, got %zu",
+                         sizeof(un->sun_path) - 1, len);
+            return -1;
+        }
+        un->sun_family = AF_UNIX;
+        memcpy(un->sun_path, address, len + 1);
+        spec->addrlen = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + len + 1);
+        return 0;
+    }
+    if (port < 1 || port > 65535) {
+        PyErr_Format(PyExc_ValueError, "port: must be 1..65535, got %d", port);
+        return -1;
+    }
+    struct sockaddr_in *in4 = (struct sockaddr_in *)&spec->addr;
+    struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)&spec->addr;
+    if (strcmp(family, "tcp") == 0 && inet_pton(AF_INET, address, &in4->sin_addr) == 1) {
+        if ((ntohl(in4->sin_addr.s_addr) >> 24) != 127) {
+            PyErr_Format(PyExc_ValueError, "address: %s is not loopback (127.0.0.0/8, ::1)", address);
+            return -1;
+        }
+        in4->sin_family = AF_INET;
+        in4->sin_port = htons((uint16_t)port);
+        spec->addrlen = sizeof(*in4);
+        return 0;
+    }
+    if (strcmp(family, "tcp") == 0 && inet_pton(AF_INET6, address, &in6->sin6_addr) == 1) {
+        if (!IN6_IS_ADDR_LOOPBACK(&in6->sin6_addr)) {
+            PyErr_Format(PyExc_ValueError, "address: %s is not loopback (127.0.0.0/8, ::1)", address);
+            return -1;
+        }
+        in6->sin6_family = AF_INET6;
+        in6->sin6_port = htons((uint16_t)port);
+        spec->addrlen = sizeof(*in6);
+        return 0;
+    }
+    PyErr_Format(PyExc_ValueError, "address: '%s' is not a numeric loopback address for family '%s'",
+                 address, family);
+    return -1;
+}
+
+static int Load_init(LoadObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"family", "address", "port", "connections", "size", "connect_timeout",
+                             "cpu", "max_errors", "seed", "mode", "pipeline", "rate", NULL};
+    const char *family, *address;
+    int port = 0, cpu = -1, mode = PCB_MODE_CLOSED;
+    unsigned int connections, size, max_errors = 0, pipeline = 1;
+    unsigned long long seed = 0;
+    double connect_timeout = 30.0, rate = 0.0;
+    if (self->load) {
+        PyErr_SetString(PyExc_RuntimeError, "Load is already open");
+        return -1;
+    }
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "ssiII|diIKiId", kwlist, &family, &address, &port,
+                                     &connections, &size, &connect_timeout, &cpu, &max_errors, &seed,
+                                     &mode, &pipeline, &rate))
+        return -1;
+    memset(&self->spec, 0, sizeof(self->spec));
+    if (parse_address(&self->spec, family, address, port) < 0)
+        return -1;
+    if (connections < 1) {
+        PyErr_Format(PyExc_ValueError, "connections: must be >= 1, got %u", connections);
+        return -1;
+    }
+    if (size < 1 || size > (1u << 20)) {
+        PyErr_Format(PyExc_ValueError, "size: must be 1 .. 1048576 bytes, got %u", size);
+        return -1;
+    }
+    if (mode != PCB_MODE_CLOSED) {
+        PyErr_Format(PyExc_ValueError, "mode: only closed-loop (0) is implemented, got %d", mode);
+        return -1;
+    }
+    if (pipeline != 1) {
+        PyErr_Format(PyExc_ValueError, "pipeline: only depth 1 is implemented, got %u", pipeline);
+        return -1;
+    }
+    if (!(connect_timeout > 0)) {
+        PyErr_SetString(PyExc_ValueError, "connect_timeout: must be > 0");
+        return -1;
+    }
+    self->spec.connections = connections;
+    self->spec.size = size;
+    self->spec.mode = mode;
+    self->spec.pipeline = pipeline;
+    self->spec.rate = rate;
+    self->spec.connect_timeout = connect_timeout;
+    self->spec.cpu = cpu;
+    self->spec.max_errors = max_errors;
+    self->spec.seed = seed;
+    return 0;
+}
+
+static void Load_dealloc(LoadObject *self)
+{
+    PyTypeObject *tp = Py_TYPE(self);
+    if (self->load) {
+        pcb_load_close(self->load);
+        self->load = NULL;
+    }
+    tp->tp_free((PyObject *)self);
+    Py_DECREF(tp);
+}
+
+PyDoc_STRVAR(Load_open_doc,
+"open() -> dict\n\nEstablishes every connection (GIL released). Returns the result dict: status\n"
+"'ok' with elapsed = connect seconds, or a failure status and message (the load stays closed).");
+
+static PyObject *Load_open(LoadObject *self, PyObject *Py_UNUSED(ignored))
+{
+    if (self->load) {
+        PyErr_SetString(PyExc_RuntimeError, "Load is already open");
+        return NULL;
+    }
+    pcb_phase_result res;
+    gil_ctx g;
+    g.save = PyEval_SaveThread();
+    pcb_load *load = pcb_load_open(&self->spec, &res, check_signals, &g);
+    PyEval_RestoreThread(g.save);
+    if (res.status == PCB_FAIL_INTERRUPTED && PyErr_Occurred())
+        return NULL;
+    if (load) {
+        self->load = load;
+        self->owner = PyThread_get_thread_ident();
+    }
+    return result_dict(&res);
+}
+
+PyDoc_STRVAR(Load_phase_doc,
+"phase(messages, duration, stall_timeout, deadline, minimal=False) -> dict\n\n"
+"Runs one closed-loop phase with the GIL released: `messages` round trips (or `duration`\n"
+"seconds when messages is 0).  Adds 'latency' (ns) and 'per_conn' to the result dict.\n"
+"Raises the pending exception if a signal handler raised (KeyboardInterrupt, timeouts).");
+
+static PyObject *Load_phase(LoadObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"messages", "duration", "stall_timeout", "deadline", "minimal", NULL};
+    unsigned long long messages;
+    double duration, stall_timeout, deadline;
+    int minimal = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "Kddd|p", kwlist, &messages, &duration,
+                                     &stall_timeout, &deadline, &minimal))
+        return NULL;
+    if (!self->load) {
+        PyErr_SetString(PyExc_RuntimeError, "Load is not open");
+        return NULL;
+    }
+    if (self->owner != PyThread_get_thread_ident()) {
+        PyErr_SetString(PyExc_RuntimeError, "Load.phase() must run in the thread that opened it");
+        return NULL;
+    }
+    if (messages == 0 && !(duration > 0)) {
+        PyErr_SetString(PyExc_ValueError, "phase: give messages > 0 or duration > 0");
+        return NULL;
+    }
+    if (!(stall_timeout > 0) || !(deadline > 0)) {
+        PyErr_SetString(PyExc_ValueError, "phase: stall_timeout and deadline must be > 0");
+        return NULL;
+    }
+    pcb_phase_spec ps = {.messages = messages, .duration = duration, .stall_timeout = stall_timeout,
+                         .deadline = deadline, .minimal = minimal};
+    pcb_phase_result res;
+    gil_ctx g;
+    g.save = PyEval_SaveThread();
+    pcb_load_phase(self->load, &ps, &res, check_signals, &g);
+    PyEval_RestoreThread(g.save);
+    if (res.status == PCB_FAIL_INTERRUPTED && PyErr_Occurred())
+        return NULL;
+
+    PyObject *d = result_dict(&res);
+    if (!d)
+        return NULL;
+    PyObject *lat = latency_dict(pcb_load_hist(self->load));
+    uint32_t n = pcb_load_connections(self->load);
+    const uint64_t *pc = pcb_load_per_conn(self->load);
+    PyObject *per = PyList_New(n);
+    if (!lat || !per) {
+        Py_XDECREF(lat);
+        Py_XDECREF(per);
+        Py_DECREF(d);
+        return NULL;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        PyObject *v = PyLong_FromUnsignedLongLong(pc[i]);
+        if (!v) {
+            Py_DECREF(lat);
+            Py_DECREF(per);
+            Py_DECREF(d);
+            return NULL;
+        }
+        PyList_SET_ITEM(per, i, v);
+    }
+    int r1 = PyDict_SetItemString(d, "latency", lat);
+    int r2 = PyDict_SetItemString(d, "per_conn", per);
+    Py_DECREF(lat);
+    Py_DECREF(per);
+    if (r1 < 0 || r2 < 0) {
+        Py_DECREF(d);
+        return NULL;
+    }
+    return d;
+}
+
+static PyObject *Load_close(LoadObject *self, PyObject *Py_UNUSED(ignored))
+{
+    if (self->load) {
+        pcb_load *load = self->load;
+        self->load = NULL;
+        Py_BEGIN_ALLOW_THREADS
+        pcb_load_close(load);
+        Py_END_ALLOW_THREADS
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *Load_get_is_open(LoadObject *self, void *Py_UNUSED(closure))
+{
+    return PyBool_FromLong(self->load != NULL);
+}
+
+static PyMethodDef Load_methods[] = {
+    {"open", (PyCFunction)Load_open, METH_NOARGS, Load_open_doc},
+    {"phase", (PyCFunction)(void (*)(void))Load_phase, METH_VARARGS | METH_KEYWORDS, Load_phase_doc},
+    {"close", (PyCFunction)Load_close, METH_NOARGS, "close()\n\nCloses every connection; idempotent."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef Load_getset[] = {
+    {"is_open", (getter)Load_get_is_open, NULL, "True between open() and close().", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyType_Slot Load_slots[] = {
+    {Py_tp_doc, "Load(family, address, port, connections, size, connect_timeout=30.0, cpu=-1, "
+                "max_errors=0, seed=0, mode=0, pipeline=1, rate=0.0)\n\n"
+                "A set of connections to one loopback echo server, driven by the C epoll engine."},
+    {Py_tp_init, Load_init},
+    {Py_tp_new, PyType_GenericNew},
+    {Py_tp_dealloc, Load_dealloc},
+    {Py_tp_methods, Load_methods},
+    {Py_tp_getset, Load_getset},
+    {0, NULL},
+};
+
+static PyType_Spec Load_spec = {
+    .name = "pyconcbench._native.Load",
+    .basicsize = sizeof(LoadObject),
+    .flags = Py_TPFLAGS_DEFAULT,
+    .slots = Load_slots,
+};
+
+/* ---- servers and probes ----------------------------------------------------------- */
+
+static PyObject *stats_dict(const pcb_echo_stats *st)
+{
+    return Py_BuildValue("{s:K,s:K,s:K}", "accepted", (unsigned long long)st->accepted, "bytes",
+                         (unsigned long long)st->bytes, "errors", (unsigned long long)st->errors);
+}
+
+PyDoc_STRVAR(echo_epoll_doc,
+"echo_epoll(listen_fd, stop_fd) -> dict(accepted, bytes, errors)\n\n"
+"Serves the listening socket with the one-thread epoll echo server (GIL released) until\n"
+"stop_fd is readable.  OSError if setup fails.");
+
+static PyObject *echo_epoll(PyObject *module, PyObject *args)
+{
+    int listen_fd, stop_fd, r;
+    pcb_echo_stats st = {0};
+    char err[256] = "";
+    if (!PyArg_ParseTuple(args, "ii:echo_epoll", &listen_fd, &stop_fd))
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    r = pcb_echo_epoll(listen_fd, stop_fd, &st, err, sizeof(err));
+    Py_END_ALLOW_THREADS
+    if (r != 0)
+        return PyErr_Format(PyExc_OSError, "echo_epoll: %s", err);
+    return stats_dict(&st);
+}
+
+PyDoc_STRVAR(echo_threads_doc,
+"echo_threads(listen_fd, stop_fd, stack_size=0) -> dict(accepted, bytes, errors)\n\n"
+"Serves the listening socket with one OS thread per connection (GIL released) until\n"
+"stop_fd is readable.  stack_size 0 means 64 KiB.");
+
+static PyObject *echo_threads(PyObject *module, PyObject *args)
+{
+    int listen_fd, stop_fd, r;
+    Py_ssize_t stack_size = 0;
+    pcb_echo_stats st = {0};
+    char err[256] = "";
+    if (!PyArg_ParseTuple(args, "ii|n:echo_threads", &listen_fd, &stop_fd, &stack_size))
+        return NULL;
+    if (stack_size < 0)
+        return PyErr_Format(PyExc_ValueError, "stack_size: must be >= 0, got %zd", stack_size);
+    Py_BEGIN_ALLOW_THREADS
+    r = pcb_echo_threads(listen_fd, stop_fd, (size_t)stack_size, &st, err, sizeof(err));
+    Py_END_ALLOW_THREADS
+    if (r != 0)
+        return PyErr_Format(PyExc_OSError, "echo_threads: %s", err);
+    return stats_dict(&st);
+}
+
+PyDoc_STRVAR(cacheline_rtt_doc,
+"cacheline_rtt(cpu_a, cpu_b, iterations) -> float\n\n"
+"Median ns of a cache-line round trip between a thread on cpu_a and one on cpu_b.");
+
+static PyObject *cacheline_rtt(PyObject *module, PyObject *args)
+{
+    int a, b;
+    long iterations;
+    double ns;
+    if (!PyArg_ParseTuple(args, "iil:cacheline_rtt", &a, &b, &iterations))
+        return NULL;
+    if (iterations < 1)
+        return PyErr_Format(PyExc_ValueError, "iterations: must be >= 1, got %ld", iterations);
+    Py_BEGIN_ALLOW_THREADS
+    ns = pcb_cacheline_rtt(a, b, iterations);
+    Py_END_ALLOW_THREADS
+    if (ns < 0) {
+        if (errno == EINVAL)
+            return PyErr_Format(PyExc_ValueError, "cacheline_rtt: CPU %d or %d is not available", a, b);
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    return PyFloat_FromDouble(ns);
+}
+
+static PyObject *set_pdeathsig(PyObject *module, PyObject *args)
+{
+    int sig;
+    if (!PyArg_ParseTuple(args, "i:set_pdeathsig", &sig))
+        return NULL;
+    if (prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0) != 0)
+        return PyErr_SetFromErrno(PyExc_OSError);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(hist_query_doc,
+"hist_query(values, percentiles) -> dict\n\n"
+"Records the ns values in a fresh histogram and returns the latency dict the engine reports\n"
+"plus 'query': the given percentiles.  For tests of the histogram itself.");
+
+static PyObject *hist_query(PyObject *module, PyObject *args)
+{
+    PyObject *values, *pcts;
+    if (!PyArg_ParseTuple(args, "OO:hist_query", &values, &pcts))
+        return NULL;
+    PyObject *vseq = PySequence_Fast(values, "values must be a sequence");
+    if (!vseq)
+        return NULL;
+    PyObject *pseq = PySequence_Fast(pcts, "percentiles must be a sequence");
+    if (!pseq) {
+        Py_DECREF(vseq);
+        return NULL;
+    }
+    pcb_hist *h = PyMem_Malloc(sizeof(pcb_hist));
+    Py_ssize_t np = PySequence_Fast_GET_SIZE(pseq);
+    double *p = PyMem_Malloc(sizeof(double) * (size_t)(np ? np : 1));
+    int64_t *out = PyMem_Malloc(sizeof(int64_t) * (size_t)(np ? np : 1));
+    PyObject *result = NULL, *query = NULL;
+    if (!h || !p || !out) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    pcb_hist_reset(h);
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(vseq); i++) {
+        long long v = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(vseq, i));
+        if (v == -1 && PyErr_Occurred())
+            goto done;
+        pcb_hist_record(h, v);
+    }
+    for (Py_ssize_t i = 0; i < np; i++) {
+        p[i] = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(pseq, i));
+        if (p[i] == -1.0 && PyErr_Occurred())
+            goto done;
+        if (p[i] < 0 || p[i] > 100 || (i && p[i] < p[i - 1])) {
+            PyErr_SetString(PyExc_ValueError, "percentiles must be ascending, within 0..100");
+            goto done;
+        }
+    }
+    pcb_hist_percentiles(h, p, out, (size_t)np);
+    result = latency_dict(h);
+    if (!result)
+        goto done;
+    query = PyList_New(np);
+    if (!query) {
+        Py_CLEAR(result);
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < np; i++)
+        PyList_SET_ITEM(query, i, PyLong_FromLongLong(out[i]));
+    if (PyDict_SetItemString(result, "query", query) < 0)
+        Py_CLEAR(result);
+    Py_DECREF(query);
+done:
+    PyMem_Free(h);
+    PyMem_Free(p);
+    PyMem_Free(out);
+    Py_DECREF(vseq);
+    Py_DECREF(pseq);
+    return result;
+}
+
+static PyMethodDef module_methods[] = {
+    {"echo_epoll", echo_epoll, METH_VARARGS, echo_epoll_doc},
+    {"echo_threads", echo_threads, METH_VARARGS, echo_threads_doc},
+    {"cacheline_rtt", cacheline_rtt, METH_VARARGS, cacheline_rtt_doc},
+    {"set_pdeathsig", set_pdeathsig, METH_VARARGS, "set_pdeathsig(signum)\n\nprctl(PR_SET_PDEATHSIG)."},
+    {"hist_query", hist_query, METH_VARARGS, hist_query_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static int module_exec(PyObject *module)
+{
+    module_state *st = get_state(module);
+    st->load_type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &Load_spec, NULL);
+    if (!st->load_type)
+        return -1;
+    if (PyModule_AddType(module, st->load_type) < 0)
+        return -1;
+    if (PyModule_AddIntConstant(module, "HIST_MIN_NS", PCB_HIST_MIN_NS) < 0 ||
+        PyModule_AddIntConstant(module, "HIST_MAX_NS", PCB_HIST_MAX_NS) < 0 ||
+        PyModule_AddIntConstant(module, "HIST_SUB_BITS", PCB_HIST_SUB_BITS) < 0 ||
+        PyModule_AddIntConstant(module, "MAX_SIZE", 1 << 20) < 0)
+        return -1;
+    return 0;
+}
+
+static int module_traverse(PyObject *module, visitproc visit, void *arg)
+{
+    Py_VISIT(get_state(module)->load_type);
+    return 0;
+}
+
+static int module_clear(PyObject *module)
+{
+    Py_CLEAR(get_state(module)->load_type);
+    return 0;
+}
+
+static void module_free(void *module)
+{
+    module_clear((PyObject *)module);
+}
+
+static PyModuleDef_Slot module_slots[] = {
+    {Py_mod_exec, module_exec},
+    {0, NULL},
+};
+
+static struct PyModuleDef native_module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "pyconcbench._native",
+    .m_doc = "The C side of pyconcbench: epoll load engine, native echo servers, probes.",
+    .m_size = sizeof(module_state),
+    .m_methods = module_methods,
+    .m_slots = module_slots,
+    .m_traverse = module_traverse,
+    .m_clear = module_clear,
+    .m_free = module_free,
+};
+
+PyMODINIT_FUNC PyInit__native(void)
+{
+    return PyModuleDef_Init(&native_module);
+}

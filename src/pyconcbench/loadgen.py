@@ -1,0 +1,419 @@
+"""The Python face of the C load engine.
+
+``LoadSpec`` says what load to put on one echo server; ``run(spec)`` connects, warms up,
+measures and returns a ``LoadResult``.  ``LoadSession`` keeps the connections open across
+several measured rounds (what the benchmark suite does: connect once, then each
+pytest-benchmark round is one phase of a fixed number of verified round trips).
+
+The engine runs in the calling thread with the GIL released; it re-takes the GIL about every
+100 ms to run signal handlers, so Ctrl-C and pytest-timeout stop a long run promptly.
+"""
+from __future__ import annotations
+
+import ipaddress
+import math
+import os
+import resource
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from . import _native
+
+__all__ = [
+    "FdLimitError",
+    "Fairness",
+    "LoadError",
+    "LoadResult",
+    "LoadSession",
+    "LoadSpec",
+    "ensure_fd_limit",
+    "fairness",
+    "fd_limit",
+    "max_connections",
+    "run",
+]
+
+MAX_SIZE = _native.MAX_SIZE
+#: Sockets, pipes and files the process needs besides the load's connections.
+FD_MARGIN = 64
+#: Message buffers the engine may allocate (connections x size) before refusing.
+MAX_PAYLOAD_MEMORY = 2 << 30
+#: A load generator busier than this share of one CPU may be what limits the rate.
+LOADGEN_BOUND_SHARE = 0.90
+#: A connection that completed fewer round trips than this share of the mean is starving.
+STARVING_SHARE = 0.10
+
+ERROR_KINDS = ("connect_refused", "connect_other", "reset", "early_eof", "timeout",
+               "payload_mismatch", "io")
+
+
+class LoadError(RuntimeError):
+    """A load that could not run to its end: ``kind`` is one of connect, payload_mismatch,
+    stall, deadline, errors, system; ``result`` holds what the engine counted until then."""
+
+    def __init__(self, kind: str, message: str, result: Optional[Dict[str, Any]] = None):
+        super().__init__(f"load {kind}: {message}")
+        self.kind = kind
+        self.detail = message
+        self.result = result or {}
+
+    @property
+    def errors(self) -> Dict[str, int]:
+        return dict(self.result.get("errors", {}))
+
+
+class FdLimitError(RuntimeError):
+    """The process cannot hold the sockets a load needs."""
+
+
+def _fail(field_name: str, value: Any, why: str) -> ValueError:
+    return ValueError(f"LoadSpec.{field_name}: {why}, got {value!r}")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value))
+
+
+def loopback_host(host: str) -> str:
+    """``host`` as a numeric loopback address; ValueError for anything else."""
+    if host == "localhost":
+        return "127.0.0.1"
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        raise ValueError(f"host {host!r} is not a numeric IP address or 'localhost'") from None
+    if not ip.is_loopback:
+        raise ValueError(f"host {host!r} is not loopback (127.0.0.0/8 or ::1): "
+                         "pyconcbench only loads servers on this machine")
+    return str(ip)
+
+
+@dataclass(frozen=True)
+class LoadSpec:
+    """What load to put on one echo server.  Every field is checked on construction.
+
+    Closed loop (``mode="closed"``, the only mode so far): each connection sends ``size``
+    bytes, waits for the whole echo, checks it, sends the next.  ``mode="open"`` (a fixed
+    total ``rate``, latency from each message's intended send time) and ``pipeline`` > 1 are
+    reserved for a later release and refused for now.
+    """
+
+    transport: str = "tcp"             #: "tcp" or "unix"
+    host: str = "127.0.0.1"            #: tcp: a loopback address
+    port: int = 0                      #: tcp: the server's port
+    path: Optional[str] = None         #: unix: the server's socket path
+    connections: int = 10
+    size: int = 64                     #: bytes per message, 1 .. 1 MiB
+    messages: int = 10_000             #: measured round trips (0: run for ``duration``)
+    duration: float = 0.0              #: measured seconds, when messages is 0
+    warmup_messages: int = 1_000       #: round trips before measuring
+    warmup_seconds: float = 0.0        #: or seconds of warm-up (used when > 0)
+    connect_timeout: float = 30.0      #: for all connections together
+    stall_timeout: float = 10.0        #: no round trip completed for this long: fail
+    deadline: float = 300.0            #: hard limit on each phase, seconds
+    cpu: Optional[int] = None          #: pin the engine's thread to this CPU
+    max_errors: int = 0                #: connection errors tolerated per phase
+    seed: int = 0                      #: varies the payloads
+    mode: str = "closed"
+    pipeline: int = 1
+    rate: Optional[float] = None
+
+    def __post_init__(self) -> None:
+        if self.transport not in ("tcp", "unix"):
+            raise _fail("transport", self.transport, "must be 'tcp' or 'unix'")
+        if self.transport == "tcp":
+            if not isinstance(self.host, str):
+                raise _fail("host", self.host, "must be a string")
+            try:
+                object.__setattr__(self, "host", loopback_host(self.host))
+            except ValueError as exc:
+                raise ValueError(f"LoadSpec.host: {exc}") from None
+            if not _is_int(self.port) or not 1 <= self.port <= 65535:
+                raise _fail("port", self.port, "must be an int in 1..65535")
+        else:
+            if not isinstance(self.path, str) or not self.path:
+                raise _fail("path", self.path, "must be the server's UNIX socket path")
+            if len(os.fsencode(self.path)) > 107:
+                raise _fail("path", self.path, "is longer than the 107 bytes a UNIX socket path may have")
+        for name, low in (("connections", 1), ("size", 1), ("messages", 0),
+                          ("warmup_messages", 0), ("max_errors", 0), ("seed", 0), ("pipeline", 1)):
+            value = getattr(self, name)
+            if not _is_int(value) or value < low:
+                raise _fail(name, value, f"must be an int >= {low}")
+        if self.size > MAX_SIZE:
+            raise _fail("size", self.size, f"must be at most {MAX_SIZE} bytes (1 MiB)")
+        if self.seed >= 2 ** 64:
+            raise _fail("seed", self.seed, "must fit in 64 bits")
+        for name in ("duration", "warmup_seconds"):
+            value = getattr(self, name)
+            if not _is_number(value) or value < 0:
+                raise _fail(name, value, "must be a number of seconds >= 0")
+        for name in ("connect_timeout", "stall_timeout", "deadline"):
+            value = getattr(self, name)
+            if not _is_number(value) or value <= 0:
+                raise _fail(name, value, "must be a number of seconds > 0")
+        if self.messages == 0 and self.duration <= 0:
+            raise _fail("messages", self.messages, "is 0, so duration must be > 0")
+        if self.cpu is not None:
+            allowed = sorted(os.sched_getaffinity(0))
+            if not _is_int(self.cpu) or self.cpu not in allowed:
+                raise _fail("cpu", self.cpu, f"must be one of this process's CPUs {allowed} or None")
+        if self.mode == "open":
+            raise _fail("mode", self.mode, "open-loop mode is not implemented yet; use 'closed'")
+        if self.mode != "closed":
+            raise _fail("mode", self.mode, "must be 'closed'")
+        if self.pipeline != 1:
+            raise _fail("pipeline", self.pipeline, "pipelining is not implemented yet; use 1")
+        if self.rate is not None:
+            raise _fail("rate", self.rate, "is for the open-loop mode, not implemented yet")
+        if self.connections * self.size > MAX_PAYLOAD_MEMORY:
+            raise _fail("size", self.size,
+                        f"times {self.connections} connections needs more than "
+                        f"{MAX_PAYLOAD_MEMORY >> 30} GiB of message buffers")
+
+    def with_(self, **changes: Any) -> "LoadSpec":
+        values = asdict(self)
+        values.update(changes)
+        return LoadSpec(**values)
+
+    def as_dict(self) -> Dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Fairness:
+    """How evenly the round trips were spread over the connections."""
+
+    min: int
+    median: float
+    max: int
+    jain: float       #: (sum x)^2 / (n sum x^2): 1.0 perfectly even, 1/n one connection got all
+    starving: int     #: connections below STARVING_SHARE of the mean
+
+
+def fairness(counts: Sequence[int]) -> Fairness:
+    if not counts:
+        return Fairness(0, 0.0, 0, 0.0, 0)
+    total = sum(counts)
+    squares = sum(c * c for c in counts)
+    mean = total / len(counts)
+    jain = (total * total) / (len(counts) * squares) if squares else 0.0
+    starving = sum(1 for c in counts if c < STARVING_SHARE * mean)
+    return Fairness(min(counts), float(statistics.median(counts)), max(counts), jain, starving)
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    """One measured phase.  Latencies are in nanoseconds; CPU in seconds."""
+
+    connections: int
+    size: int
+    transport: str
+    completed: int                       #: verified round trips in the measured phase
+    elapsed: float                       #: seconds, from the phase's first send to its last echo
+    connect_seconds: float               #: to establish every connection (0 when reused)
+    latency: Dict[str, float]            #: count, min, mean, p50, p90, p95, p99, p99_9, max
+    fairness: Fairness
+    errors: Dict[str, int]
+    loadgen_cpu_user: float
+    loadgen_cpu_sys: float
+    bytes: int
+    latency_buckets: Tuple[Tuple[int, int], ...] = field(default=(), repr=False)
+
+    @property
+    def msgs_per_s(self) -> float:
+        return self.completed / self.elapsed if self.elapsed > 0 else 0.0
+
+    @property
+    def connect_rate(self) -> float:
+        """Connections established per second (0 when the connections were reused)."""
+        return self.connections / self.connect_seconds if self.connect_seconds > 0 else 0.0
+
+    @property
+    def loadgen_cpu_share(self) -> float:
+        """The engine's CPU time over the phase's wall time: 1.0 is one core busy."""
+        cpu = self.loadgen_cpu_user + self.loadgen_cpu_sys
+        return cpu / self.elapsed if self.elapsed > 0 else 0.0
+
+    @property
+    def loadgen_bound(self) -> bool:
+        """True when the load generator was busy enough to be what limited the rate: the
+        msgs/s is then a lower bound for the server."""
+        return self.loadgen_cpu_share >= LOADGEN_BOUND_SHARE
+
+    def as_dict(self) -> Dict[str, Any]:
+        d = asdict(self)
+        d.pop("latency_buckets")
+        d.update(msgs_per_s=self.msgs_per_s, connect_rate=self.connect_rate,
+                 loadgen_cpu_share=self.loadgen_cpu_share, loadgen_bound=self.loadgen_bound)
+        return d
+
+
+def fd_limit() -> Tuple[int, int]:
+    return resource.getrlimit(resource.RLIMIT_NOFILE)
+
+
+def max_connections() -> int:
+    """The most connections one load can open in this process (hard fd limit less a margin)."""
+    _, hard = fd_limit()
+    if hard == resource.RLIM_INFINITY:
+        hard = 1 << 20
+    return max(0, hard - FD_MARGIN)
+
+
+def ensure_fd_limit(connections: int) -> int:
+    """Raises the soft RLIMIT_NOFILE (up to the hard limit) so ``connections`` sockets fit;
+    returns the soft limit now in force.  FdLimitError when even the hard limit is too low."""
+    need = connections + FD_MARGIN
+    soft, hard = fd_limit()
+    if soft != resource.RLIM_INFINITY and soft < need:
+        if hard != resource.RLIM_INFINITY and hard < need:
+            raise FdLimitError(
+                f"need {need} file descriptors for {connections} connections, limit is {hard} "
+                f"(ulimit -n, hard): at most {max(0, hard - FD_MARGIN)} connections fit in one "
+                "process here")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (need if hard == resource.RLIM_INFINITY else hard, hard))
+        soft = fd_limit()[0]
+    return soft
+
+
+def _raise_for(res: Dict[str, Any]) -> None:
+    if res["status"] != "ok":
+        raise LoadError(res["status"], res["message"], res)
+
+
+class LoadSession:
+    """Connections to one server kept open across measured rounds.
+
+    >>> with LoadSession(spec) as s:      # connects every connection, then warms up
+    ...     r1 = s.round(); r2 = s.round()
+    """
+
+    def __init__(self, spec: LoadSpec):
+        if not isinstance(spec, LoadSpec):
+            raise TypeError(f"LoadSession needs a LoadSpec, got {type(spec).__name__}")
+        self.spec = spec
+        self.connect_seconds = 0.0
+        self._load: Optional[Any] = None
+
+    def open(self) -> "LoadSession":
+        spec = self.spec
+        ensure_fd_limit(spec.connections)
+        load = _native.Load(
+            spec.transport,
+            spec.host if spec.transport == "tcp" else spec.path,
+            spec.port if spec.transport == "tcp" else 0,
+            spec.connections,
+            spec.size,
+            connect_timeout=float(spec.connect_timeout),
+            cpu=-1 if spec.cpu is None else spec.cpu,
+            max_errors=spec.max_errors,
+            seed=spec.seed,
+        )
+        res = load.open()
+        _raise_for(res)
+        self._load = load
+        self.connect_seconds = res["elapsed"]
+        return self
+
+    def warmup(self) -> None:
+        """Runs the spec's warm-up: round trips or seconds, nothing recorded."""
+        spec = self.spec
+        if spec.warmup_seconds > 0:
+            self._phase(0, spec.warmup_seconds)
+        elif spec.warmup_messages > 0:
+            self._phase(spec.warmup_messages, 0.0)
+
+    def round(self, messages: Optional[int] = None, duration: Optional[float] = None) -> LoadResult:
+        """One measured phase: ``messages`` round trips (default: the spec's), or ``duration``
+        seconds.  LoadError when it cannot complete."""
+        spec = self.spec
+        if messages is None and duration is None:
+            messages, duration = spec.messages, spec.duration
+        res = self._phase(messages or 0, duration or 0.0)
+        lat = dict(res["latency"])
+        buckets = tuple(tuple(b) for b in lat.pop("buckets"))
+        return LoadResult(
+            connections=spec.connections,
+            size=spec.size,
+            transport=spec.transport,
+            completed=res["completed"],
+            elapsed=res["elapsed"],
+            connect_seconds=self.connect_seconds,
+            latency=lat,
+            fairness=fairness(res["per_conn"]),
+            errors=dict(res["errors"]),
+            loadgen_cpu_user=res["cpu_user"],
+            loadgen_cpu_sys=res["cpu_sys"],
+            bytes=res["bytes"],
+            latency_buckets=buckets,  # type: ignore[arg-type]
+        )
+
+    def minimal_round(self, messages: int) -> Tuple[int, float, float]:
+        """The ceiling client: the same connections and loop with no clock per message, no
+        payload check and no histogram.  Returns (completed, elapsed, cpu seconds)."""
+        res = self._phase(messages, 0.0, minimal=True)
+        return res["completed"], res["elapsed"], res["cpu_user"] + res["cpu_sys"]
+
+    def _phase(self, messages: int, duration: float, minimal: bool = False) -> Dict[str, Any]:
+        if self._load is None:
+            raise RuntimeError("LoadSession is not open")
+        spec = self.spec
+        res = self._load.phase(messages, duration, spec.stall_timeout, spec.deadline, minimal)
+        _raise_for(res)
+        return res
+
+    def close(self) -> None:
+        if self._load is not None:
+            load, self._load = self._load, None
+            load.close()
+
+    def __enter__(self) -> "LoadSession":
+        self.open()
+        try:
+            self.warmup()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def run(spec: LoadSpec) -> LoadResult:
+    """Connects, warms up, runs one measured phase, closes.  LoadError when the load cannot
+    complete (the kind says why), FdLimitError when the sockets do not fit."""
+    with LoadSession(spec) as session:
+        return session.round()
+
+
+def merge_percentiles(bucket_lists: Sequence[Sequence[Tuple[int, int]]],
+                      percentiles: Sequence[float] = (50, 90, 95, 99, 99.9)) -> List[int]:
+    """Percentiles (ns, bucket high values) over several phases' histogram buckets."""
+    merged: Dict[int, int] = {}
+    for buckets in bucket_lists:
+        for high, count in buckets:
+            merged[high] = merged.get(high, 0) + count
+    total = sum(merged.values())
+    out: List[int] = []
+    if not total:
+        return [0 for _ in percentiles]
+    items = sorted(merged.items())
+    for p in percentiles:
+        need = max(1.0, p / 100.0 * total)
+        seen = 0
+        for high, count in items:
+            seen += count
+            if seen >= need:
+                out.append(high)
+                break
+        else:
+            out.append(items[-1][0])
+    return out
