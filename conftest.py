@@ -1,0 +1,45 @@
+"""Project-wide test configuration: pytester for the plugin tests, and a leak check after
+every test (child processes, server processes, file descriptors)."""
+import os
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+
+def _children():
+    me = str(os.getpid())
+    out = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[1] == me and fields[0] != "Z":
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+            except OSError:
+                cmd = "?"
+            out.append(f"{pid} {cmd}")
+    return out
+
+
+def _fd_count():
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.fixture(autouse=True)
+def no_leaks(request):
+    """Fails a test that leaves a child process behind, or more than a few extra fds."""
+    fds = _fd_count()
+    yield
+    left = _children()
+    if left:
+        pytest.fail("test left child processes running: " + "; ".join(left), pytrace=False)
+    grown = _fd_count() - fds
+    if grown > 8:
+        pytest.fail(f"test leaked {grown} file descriptors", pytrace=False)

@@ -1,0 +1,412 @@
+"""Starting and stopping server processes under test (``python -m pyconcbench.serve``).
+
+A server never outlives its test: ``ServerProcess`` stops it on exit from its ``with`` block,
+a finalizer kills it when the object is collected or the interpreter exits, and the server asks
+the kernel for SIGTERM on its parent's death.  That last one follows the parent *thread* that
+started it, so start servers from a thread that lives as long as they should.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import weakref
+from dataclasses import dataclass
+from typing import List, Optional, Tuple, Union
+
+from pyconcbench.serve import Unusable, loopback_address
+
+STDERR_TAIL_LINES = 20
+EXIT_UNUSABLE = 2  # pyconcbench.serve: cannot run as asked (unknown impl, missing dependency)
+
+
+class ServerError(RuntimeError):
+    pass
+
+
+class ServerUnavailable(ServerError):
+    """The implementation cannot run here (unknown id or a missing optional dependency)."""
+
+
+@dataclass(frozen=True)
+class ServerUsage:
+    """A stopped server's own report: CPU seconds, peak RSS and what it counted."""
+
+    impl: str
+    user: float
+    system: float
+    maxrss_kib: int
+    accepted: int
+    bytes: int
+    errors: int
+    signal: Optional[str]
+
+    def __post_init__(self) -> None:
+        for name in ("user", "system"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise ValueError("ServerUsage.%s: expected seconds >= 0, got %r" % (name, value))
+        for name in ("maxrss_kib", "accepted", "bytes", "errors"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError("ServerUsage.%s: expected an integer >= 0, got %r" % (name, value))
+        if self.signal is not None and not isinstance(self.signal, str):
+            raise ValueError("ServerUsage.signal: expected a name or None, got %r" % (self.signal,))
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "ServerUsage":
+        names = [f.name for f in dataclasses.fields(cls)]
+        missing = [name for name in names if name not in data]
+        if missing:
+            raise ValueError("server usage report lacks %s: %r" % (", ".join(missing), data))
+        return cls(**{name: data[name] for name in names})
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class PinningPlan:
+    """Which CPU the server and the load generator run on (None: not pinned), and why."""
+
+    server_cpu: Optional[int]
+    load_cpu: Optional[int]
+    note: str
+
+
+def cpus_available() -> List[int]:
+    return sorted(os.sched_getaffinity(0))
+
+
+def pinning_plan(server_cpu: int = 0, load_cpu: int = 1) -> PinningPlan:
+    """Keeps the requested CPUs when both are available, else takes the first two available
+    ones; with a single CPU nothing is pinned."""
+    if server_cpu == load_cpu:
+        raise ValueError("server and load generator need different CPUs, both are %d" % server_cpu)
+    cpus = cpus_available()
+    if len(cpus) < 2:
+        return PinningPlan(None, None, "pinning off: only one CPU available")
+    if server_cpu in cpus and load_cpu in cpus:
+        return PinningPlan(
+            server_cpu, load_cpu, "server on CPU %d, load generator on CPU %d" % (server_cpu, load_cpu)
+        )
+    return PinningPlan(
+        cpus[0], cpus[1],
+        "CPUs %d and %d not both available (allowed: %s): server on CPU %d, load generator on "
+        "CPU %d" % (server_cpu, load_cpu, cpus, cpus[0], cpus[1]),
+    )
+
+
+def child_servers() -> List[int]:
+    """Pids of this process's children running pyconcbench.serve: empty unless one leaked."""
+    me = os.getpid()
+    pids = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % name) as f:
+                stat = f.read()
+            with open("/proc/%s/cmdline" % name, "rb") as f:
+                cmdline = f.read()
+        except OSError:  # gone meanwhile
+            continue
+        ppid = int(stat[stat.rindex(")") + 2:].split()[1])
+        if ppid == me and b"pyconcbench.serve" in cmdline:
+            pids.append(int(name))
+    return pids
+
+
+def _reap(proc: subprocess.Popen, stderr, tmpdir: Optional[str]) -> None:
+    """Kills the server if it still runs and releases what it held; safe to call twice."""
+    if proc.poll() is None:
+        proc.kill()
+        try:
+            proc.wait(5.0)
+        except subprocess.TimeoutExpired:
+            pass
+    if proc.stdout is not None:
+        proc.stdout.close()
+    stderr.close()
+    if tmpdir is not None:
+        shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+class ServerProcess:
+    """One ``python -m pyconcbench.serve IMPL`` child process.
+
+    ``python`` is the interpreter to run it with (another venv, another Python version).
+    """
+
+    def __init__(
+        self,
+        impl: str,
+        *,
+        transport: str = "tcp",
+        host: str = "127.0.0.1",
+        unix_path: Optional[str] = None,
+        cpu: Optional[int] = 0,
+        ready_timeout: float = 15.0,
+        stop_timeout: float = 10.0,
+        env: Optional[dict] = None,
+        python: str = sys.executable,
+    ) -> None:
+        if transport not in ("tcp", "unix"):
+            raise ValueError("transport must be 'tcp' or 'unix', not %r" % (transport,))
+        if transport == "tcp":
+            try:
+                loopback_address(host)
+            except Unusable as exc:
+                raise ValueError(str(exc)) from None
+        if cpu is not None and cpu not in cpus_available():
+            raise ValueError("cannot pin the server to CPU %r: allowed CPUs are %s"
+                             % (cpu, cpus_available()))
+        if ready_timeout <= 0 or stop_timeout <= 0:
+            raise ValueError("ready_timeout and stop_timeout must be > 0")
+        self.impl = impl
+        self.transport = transport
+        self.host = host
+        self.unix_path = unix_path
+        self.cpu = cpu
+        self.ready_timeout = ready_timeout
+        self.stop_timeout = stop_timeout
+        self.env = dict(env or {})
+        self.python = python
+        self.ready: Optional[dict] = None
+        self._proc: Optional[subprocess.Popen] = None
+        self._stderr = None
+        self._tmpdir: Optional[str] = None
+        self._stdout = b""  # bytes read from the server's stdout so far
+        self._finalizer = None
+        self._stopped = False
+        self._usage: Optional[ServerUsage] = None
+        self._stop_error: Optional[ServerError] = None
+        self._stderr_text: Optional[str] = None
+
+    # -- life cycle ------------------------------------------------------------------------
+
+    def argv(self) -> List[str]:
+        argv = [self.python, "-m", "pyconcbench.serve", self.impl]
+        if self.transport == "unix":
+            argv += ["--unix", self.unix_path]
+        else:
+            argv += ["--host", self.host, "--port", "0"]
+        if self.cpu is not None:
+            argv += ["--cpu", str(self.cpu)]
+        return argv
+
+    def start(self) -> "ServerProcess":
+        """Starts the server and waits for its READY line; raises ServerError (killing the
+        process) if it exits or stays silent, ServerUnavailable if it cannot run here."""
+        if self._proc is not None:
+            raise ServerError("server %r already started" % self.impl)
+        if self.transport == "unix" and self.unix_path is None:
+            self._tmpdir = tempfile.mkdtemp(prefix="pcb-")
+            self.unix_path = os.path.join(self._tmpdir, "echo.sock")
+        env = dict(os.environ)
+        env.update(self.env)
+        env["PCB_PARENT_PID"] = str(os.getpid())
+        env["PYTHONUNBUFFERED"] = "1"
+        self._stderr = tempfile.TemporaryFile()
+        try:
+            self._proc = subprocess.Popen(
+                self.argv(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                stderr=self._stderr, env=env,
+            )
+        except OSError as exc:
+            self._stderr.close()
+            if self._tmpdir is not None:
+                shutil.rmtree(self._tmpdir, ignore_errors=True)
+            raise ServerError("cannot start server %r: %s" % (self.impl, exc)) from None
+        self._finalizer = weakref.finalize(self, _reap, self._proc, self._stderr, self._tmpdir)
+        try:
+            self.ready = self._wait_ready()
+        except BaseException:
+            self._finalizer()
+            self._stopped = True
+            raise
+        return self
+
+    def _wait_ready(self) -> dict:
+        deadline = time.monotonic() + self.ready_timeout
+        fd = self._proc.stdout.fileno()
+        with selectors.DefaultSelector() as sel:
+            sel.register(fd, selectors.EVENT_READ)
+            while b"\n" not in self._stdout:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    self._proc.kill()
+                    self._proc.wait()
+                    raise ServerError(self._with_stderr(
+                        "server %r did not print READY within %g s" % (self.impl, self.ready_timeout)
+                    ))
+                if not sel.select(left):
+                    continue
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    self._raise_exited_before_ready()
+                self._stdout += chunk
+        line, _, self._stdout = self._stdout.partition(b"\n")
+        if not line.startswith(b"READY "):
+            self._proc.kill()
+            self._proc.wait()
+            raise ServerError(self._with_stderr(
+                "server %r printed %r instead of READY" % (self.impl, line[:200])
+            ))
+        return json.loads(line[len(b"READY "):])
+
+    def _raise_exited_before_ready(self) -> None:
+        try:
+            code = self._proc.wait(self.stop_timeout)
+        except subprocess.TimeoutExpired:  # closed its stdout but lives on
+            self._proc.kill()
+            code = self._proc.wait()
+        if code == EXIT_UNUSABLE:
+            lines = self.stderr_text().strip().splitlines()
+            raise ServerUnavailable(lines[-1] if lines else "server %r unavailable" % self.impl)
+        raise ServerError(self._with_stderr(
+            "server %r exited with code %s before READY" % (self.impl, code)
+        ))
+
+    def stop(self) -> ServerUsage:
+        """SIGTERM, then SIGKILL after stop_timeout; returns the server's usage report.
+        Idempotent: later calls return the same report (or raise the same error)."""
+        if self._proc is None:
+            raise ServerError("server %r was never started" % self.impl)
+        if not self._stopped:
+            self._stopped = True
+            try:
+                self._usage = self._stop()
+            except ServerError as exc:
+                self._stop_error = exc
+            finally:
+                self._stderr_text = self.stderr_text()
+                self._finalizer()
+        if self._stop_error is not None:
+            raise self._stop_error
+        return self._usage
+
+    def _stop(self) -> ServerUsage:
+        killed = False
+        if self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGTERM)
+        try:
+            out, _ = self._proc.communicate(timeout=self.stop_timeout)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            killed = True
+            try:
+                out, _ = self._proc.communicate(timeout=self.stop_timeout)
+            except subprocess.TimeoutExpired:  # a grandchild holds the pipe open
+                out = b""
+        self._stdout += out or b""
+        code = self._proc.returncode
+        if killed:
+            raise ServerError(self._with_stderr(
+                "server %r ignored SIGTERM for %g s and was killed (SIGKILL)"
+                % (self.impl, self.stop_timeout)
+            ))
+        if code != 0:
+            raise ServerError(self._with_stderr("server %r exited with code %s" % (self.impl, code)))
+        lines = self._stdout.decode("utf-8", "replace").strip().splitlines()
+        try:
+            return ServerUsage.from_dict(json.loads(lines[-1]))
+        except (IndexError, ValueError, TypeError) as exc:
+            raise ServerError(self._with_stderr(
+                "server %r gave no usable usage report (%s); stdout: %r"
+                % (self.impl, exc, self._stdout[-500:])
+            )) from None
+
+    def __enter__(self) -> "ServerProcess":
+        if self._proc is None:
+            self.start()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if self._proc is None or self._stopped:
+            return
+        try:
+            self.stop()
+        except ServerError:
+            if exc_type is None:
+                raise  # otherwise the body's own error is the one worth seeing
+
+    # -- while it runs ---------------------------------------------------------------------
+
+    @property
+    def pid(self) -> int:
+        if self._proc is None:
+            raise ServerError("server %r was never started" % self.impl)
+        return self._proc.pid
+
+    @property
+    def address(self) -> Union[Tuple[str, int], str]:
+        """(host, port) for TCP, the socket path for UNIX."""
+        if self.ready is None:
+            raise ServerError("server %r is not ready" % self.impl)
+        if self.transport == "unix":
+            return self.ready["path"]
+        return (self.ready["host"], self.ready["port"])
+
+    def check_alive(self) -> None:
+        if self._proc is None:
+            raise ServerError("server %r was never started" % self.impl)
+        code = self._proc.poll()
+        if code is not None:
+            raise ServerError(self._with_stderr(
+                "server %r (pid %d) exited with code %s" % (self.impl, self._proc.pid, code)
+            ))
+
+    def cpu_times(self) -> Tuple[float, float]:
+        """The server's own (user, system) CPU seconds so far, children excluded."""
+        stat = self._read_proc("stat")
+        # Fields 14 and 15 (utime, stime), counted after the parenthesised command name.
+        fields = stat[stat.rindex(")") + 2:].split()
+        ticks = os.sysconf("SC_CLK_TCK")
+        return int(fields[11]) / ticks, int(fields[12]) / ticks
+
+    def rss_kib(self) -> int:
+        return self._status_kib("VmRSS")
+
+    def peak_rss_kib(self) -> int:
+        return self._status_kib("VmHWM")
+
+    def stderr_text(self) -> str:
+        """Everything the server wrote to stderr so far."""
+        if self._stderr_text is not None:
+            return self._stderr_text
+        if self._stderr is None or self._stderr.closed:
+            return ""
+        self._stderr.seek(0)
+        return self._stderr.read().decode("utf-8", "replace")
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _status_kib(self, key: str) -> int:
+        for line in self._read_proc("status").splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+        self.check_alive()
+        raise ServerError("no %s in /proc/%d/status" % (key, self._proc.pid))
+
+    def _read_proc(self, name: str) -> str:
+        self.check_alive()
+        try:
+            with open("/proc/%d/%s" % (self._proc.pid, name)) as f:
+                return f.read()
+        except OSError as exc:
+            self.check_alive()
+            raise ServerError("cannot read /proc/%d/%s: %s" % (self._proc.pid, name, exc)) from None
+
+    def _with_stderr(self, message: str) -> str:
+        tail = self.stderr_text().rstrip().splitlines()[-STDERR_TAIL_LINES:]
+        if not tail:
+            return message + " (stderr empty)"
+        return message + "; stderr:\n" + "\n".join("    " + line for line in tail)

@@ -1,0 +1,172 @@
+"""Machine facts saved with every result, and the machine-state probes around each round.
+
+Each ``collect_*`` function degrades quietly (returns None) when a /proc file or a package is
+missing: facts are context, never a reason to fail a run.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import resource
+import sys
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional
+
+#: Packages whose versions matter to the numbers (distribution names).
+LIBRARIES = ("pytest", "pytest-benchmark", "uvloop", "gevent", "greenlet", "tornado", "twisted",
+             "trio", "anyio", "curio", "pyzmq", "aiozmq")
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def _read(path: str) -> Optional[str]:
+    try:
+        with open(path, encoding="ascii", errors="replace") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def collect_cpu_model() -> Optional[str]:
+    text = _read("/proc/cpuinfo") or ""
+    for line in text.splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or None
+
+
+def collect_versions() -> Dict[str, str]:
+    try:
+        from importlib import metadata
+    except ImportError:  # pragma: no cover - Python < 3.8
+        return {}
+    out = {}
+    for name in LIBRARIES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return out
+
+
+def collect_fd_limit() -> Dict[str, int]:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return {"soft": soft, "hard": hard}
+
+
+def collect_sysctl(name: str) -> Optional[str]:
+    text = _read("/proc/sys/" + name.replace(".", "/"))
+    return text.strip() if text is not None else None
+
+
+def machine_facts() -> Dict[str, Any]:
+    """What a reader needs to judge a saved result: CPU, kernel, limits, library versions."""
+    from . import __version__
+
+    return {
+        "cpu_model": collect_cpu_model(),
+        "cpus_online": os.cpu_count(),
+        "cpus_allowed": sorted(os.sched_getaffinity(0)),
+        "kernel": platform.release(),
+        "python": sys.version.split()[0],
+        "python_implementation": platform.python_implementation(),
+        "fd_limit": collect_fd_limit(),
+        "somaxconn": collect_sysctl("net.core.somaxconn"),
+        "ip_local_port_range": collect_sysctl("net.ipv4.ip_local_port_range"),
+        "pyconcbench": __version__,
+        "libraries": collect_versions(),
+    }
+
+
+# ---- per-round state ------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CpuSnapshot:
+    """Busy CPU seconds: of the whole machine, of this process, of the server process.
+
+    ``server_runtime`` is the server's on-CPU time to the nanosecond (the sum of its threads'
+    /proc schedstat); ``server_user``/``server_sys`` are the kernel's clock-tick split (10 ms
+    resolution), good for the user share over many rounds, too coarse for one short round.
+    """
+
+    machine: float
+    own: float
+    server_user: float
+    server_sys: float
+    server_runtime: float
+
+    def other_since(self, earlier: "CpuSnapshot") -> float:
+        """CPU seconds used by every other process between the two snapshots."""
+        total = self.machine - earlier.machine
+        own = self.own - earlier.own
+        server = (self.server_user + self.server_sys) - (earlier.server_user + earlier.server_sys)
+        return max(0.0, total - own - server)
+
+
+def machine_busy_seconds() -> float:
+    """Non-idle CPU seconds of all CPUs since boot (/proc/stat), 0.0 when unreadable."""
+    text = _read("/proc/stat")
+    if not text:
+        return 0.0
+    fields = text.split("\n", 1)[0].split()[1:]
+    ticks = [int(x) for x in fields]
+    # user nice system idle iowait irq softirq steal guest guest_nice; guests are in user.
+    busy = sum(ticks[:8]) - ticks[3] - ticks[4]
+    return busy / CLK_TCK
+
+
+def process_cpu(pid: int) -> Optional[tuple]:
+    """(user, system) CPU seconds of a process, all threads, or None if it is gone."""
+    text = _read(f"/proc/{pid}/stat")
+    if not text:
+        return None
+    rest = text.rsplit(")", 1)[1].split()
+    return int(rest[11]) / CLK_TCK, int(rest[12]) / CLK_TCK
+
+
+def process_runtime(pid: int) -> float:
+    """On-CPU seconds of a process's live threads, ns-precise (/proc/PID/task/*/schedstat);
+    0.0 when unavailable.  Threads that already exited are not counted."""
+    total = 0
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0.0
+    for tid in tasks:
+        text = _read(f"/proc/{pid}/task/{tid}/schedstat")
+        if text:
+            total += int(text.split()[0])
+    return total / 1e9
+
+
+def snapshot(server_pid: Optional[int]) -> CpuSnapshot:
+    own = process_cpu(os.getpid()) or (0.0, 0.0)
+    server = process_cpu(server_pid) if server_pid else None
+    server = server or (0.0, 0.0)
+    runtime = process_runtime(server_pid) if server_pid else 0.0
+    return CpuSnapshot(machine_busy_seconds(), own[0] + own[1], server[0], server[1], runtime)
+
+
+def cacheline_rtt(cpu_a: int, cpu_b: int, iterations: int = 20000) -> Optional[float]:
+    """ns per cache-line round trip between the two CPUs (None when they are the same)."""
+    if cpu_a == cpu_b:
+        return None
+    from . import _native
+
+    return _native.cacheline_rtt(cpu_a, cpu_b, iterations)
+
+
+def proc_status_kib(pid: int, key: str) -> Optional[int]:
+    """A ``kB`` field of /proc/PID/status (VmRSS, VmHWM), or None."""
+    text = _read(f"/proc/{pid}/status")
+    if not text:
+        return None
+    for line in text.splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    return None
+
+
+def loadavg() -> List[float]:
+    text = _read("/proc/loadavg")
+    return [float(x) for x in text.split()[:3]] if text else []

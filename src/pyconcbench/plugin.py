@@ -1,0 +1,639 @@
+"""pyconcbench's pytest plugin: options, the echo-benchmark fixtures, machine facts, summary.
+
+Registered through the ``pytest11`` entry point.  Workloads and the harness know nothing of
+pytest; this module only wires them to fixtures.
+
+Settings come from the command line (``--pcb-*``), else the environment (``PCB_*``), else the
+ini file (``pcb_*``), else the profile; a bad value names where it came from.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import pytest
+
+from . import harness, loadgen, machine, servers
+from .summary import echo_table, size_label
+
+# ---- settings ---------------------------------------------------------------------------
+
+SIZE_UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1024, "kib": 1024, "m": 1 << 20, "mb": 1 << 20,
+              "mib": 1 << 20}
+
+
+def parse_sizes(text: str) -> Tuple[int, ...]:
+    """'64,1KiB,100k' -> (64, 1024, 102400); each 1 B .. 1 MiB."""
+    out = []
+    for part in _items(text):
+        m = re.fullmatch(r"(\d+)\s*([a-zA-Z]*)", part)
+        if not m or m.group(2).lower() not in SIZE_UNITS:
+            raise ValueError(f"{part!r} is not a size (e.g. 64, 64B, 1KiB, 100KiB, 1MiB)")
+        size = int(m.group(1)) * SIZE_UNITS[m.group(2).lower()]
+        if not 1 <= size <= loadgen.MAX_SIZE:
+            raise ValueError(f"{part!r} is outside 1 B .. 1 MiB")
+        out.append(size)
+    return tuple(out)
+
+
+def parse_counts(text: str) -> Tuple[int, ...]:
+    """'10,100,1k,max' -> connection counts; 'max' is the most the fd limit allows."""
+    out = []
+    for part in _items(text):
+        if part.lower() == "max":
+            out.append(loadgen.max_connections())
+            continue
+        m = re.fullmatch(r"(\d+)([kK]?)", part)
+        if not m:
+            raise ValueError(f"{part!r} is not a connection count (e.g. 10, 1k, max)")
+        n = int(m.group(1)) * (1000 if m.group(2) else 1)
+        if n < 1:
+            raise ValueError(f"{part!r}: need at least 1 connection")
+        out.append(n)
+    return tuple(out)
+
+
+def parse_impls(text: str) -> Tuple[str, ...]:
+    out = []
+    for part in _items(text):
+        if part == "all":
+            out.extend(servers.IMPLS)
+        elif part in servers.IMPLS:
+            out.append(part)
+        else:
+            raise ValueError(f"unknown implementation {part!r}; known: {', '.join(servers.IMPLS)}")
+    return tuple(dict.fromkeys(out))
+
+
+def parse_transports(text: str) -> Tuple[str, ...]:
+    out = _items(text)
+    for part in out:
+        if part not in ("tcp", "unix"):
+            raise ValueError(f"{part!r} is not a transport (tcp, unix)")
+    return tuple(dict.fromkeys(out))
+
+
+def parse_cpus(text: str) -> Optional[Tuple[int, int]]:
+    """'0,1' -> (server CPU, load-generator CPU); 'none' turns pinning off."""
+    if text.strip().lower() in ("none", "off"):
+        return None
+    parts = _items(text)
+    if len(parts) != 2 or not all(p.isdigit() for p in parts):
+        raise ValueError(f"{text!r} is not SERVER_CPU,LOADGEN_CPU (e.g. 0,1) or 'none'")
+    server, load = int(parts[0]), int(parts[1])
+    allowed = sorted(os.sched_getaffinity(0))
+    for cpu in (server, load):
+        if cpu not in allowed:
+            raise ValueError(f"CPU {cpu} is not available to this process (allowed: {allowed})")
+    if server == load:
+        raise ValueError(f"server and load generator on the same CPU {server}: give two CPUs or 'none'")
+    return server, load
+
+
+def parse_positive_int(text: str) -> int:
+    if not re.fullmatch(r"\d+", text.strip()) or int(text) < 1:
+        raise ValueError(f"{text!r} is not a whole number >= 1")
+    return int(text)
+
+
+def parse_seconds(text: str) -> float:
+    try:
+        value = float(text.rstrip("s"))
+    except ValueError:
+        raise ValueError(f"{text!r} is not a number of seconds") from None
+    if not value > 0 or value != value or value == float("inf"):
+        raise ValueError(f"{text!r} must be > 0 seconds")
+    return value
+
+
+def parse_profile(text: str) -> str:
+    if text not in PROFILES:
+        raise ValueError(f"{text!r} is not a profile ({', '.join(PROFILES)})")
+    return text
+
+
+def _items(text: str) -> List[str]:
+    items = [p.strip() for p in str(text).split(",") if p.strip()]
+    if not items:
+        raise ValueError(f"{text!r} is empty")
+    return items
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A benchmark matrix: (connections, size, transport) cases, and the round sizes."""
+
+    cases: Tuple[Tuple[int, int, str], ...]
+    rounds: int
+    min_messages: int
+
+    def messages_for(self, connections: int, size: int) -> int:
+        """Round trips per round: enough that each connection does ~20 per round, and large
+        messages capped near 256 MiB of payload per round."""
+        n = max(self.min_messages, 20 * connections)
+        if size > 1024:
+            n = max(20 * connections, min(n, (256 << 20) // size))
+        return n
+
+
+def _profile_quick() -> Profile:
+    return Profile(cases=tuple((c, 64, "tcp") for c in (10, 100, 1000)), rounds=5, min_messages=20_000)
+
+
+def _profile_full() -> Profile:
+    counts = [10, 32, 100, 316, 1000, 3000, 10000]
+    top = loadgen.max_connections()
+    counts = [c for c in counts if c <= top]
+    if top > counts[-1]:
+        counts.append(top)
+    cases = [(c, 64, "tcp") for c in counts]
+    cases += [(10, s, "tcp") for s in (1024, 10 * 1024, 100 * 1024)]
+    cases += [(c, 64, "unix") for c in (10, 100)]
+    return Profile(cases=tuple(cases), rounds=7, min_messages=50_000)
+
+
+PROFILES: Dict[str, Callable[[], Profile]] = {"quick": _profile_quick, "full": _profile_full}
+
+# name -> (parser, default, help, metavar); the CLI option is --pcb-NAME, the environment
+# variable PCB_NAME, the ini key pcb_NAME (dashes become underscores).
+OPTIONS: Dict[str, Tuple[Callable[[str], Any], Optional[str], str, str]] = {
+    "profile": (parse_profile, "quick", "benchmark matrix: quick (minutes) or full (the studies' matrix)", "NAME"),
+    "impl": (parse_impls, "all", "implementations to run, comma-separated, or 'all'", "IDS"),
+    "conns": (parse_counts, None, "connection counts, e.g. 10,100,1k,max (default: the profile's)", "COUNTS"),
+    "size": (parse_sizes, None, "message sizes, e.g. 64,1KiB,100KiB (default: the profile's)", "SIZES"),
+    "transport": (parse_transports, None, "tcp, unix or both (default: the profile's)", "LIST"),
+    "messages": (parse_positive_int, None, "round trips per round (default: by profile and scale)", "N"),
+    "duration": (parse_seconds, None, "seconds per round instead of a fixed number of round trips", "SECONDS"),
+    "rounds": (parse_positive_int, None, "measured rounds per benchmark (default: the profile's)", "N"),
+    "cpus": (parse_cpus, "0,1", "SERVER_CPU,LOADGEN_CPU to pin to, or 'none'", "A,B"),
+    "noise-retries": (parse_positive_int, "3", "how often a noisy round is measured again", "N"),
+    "stall-timeout": (parse_seconds, "10", "fail a round when no round trip completes for this long", "SECONDS"),
+}
+
+
+@dataclass(frozen=True)
+class Settings:
+    profile: str
+    impls: Tuple[str, ...]
+    cases: Tuple[Tuple[int, int, str], ...]
+    messages: Optional[int]
+    duration: Optional[float]
+    rounds: int
+    cpus: Optional[Tuple[int, int]]
+    noise_retries: int
+    stall_timeout: float
+    pinning_note: str = ""
+    sources: Dict[str, str] = field(default_factory=dict)
+
+
+def _raw_setting(config: pytest.Config, name: str) -> Tuple[Optional[str], str]:
+    dest = "pcb_" + name.replace("-", "_")
+    value = config.getoption(dest, default=None)
+    if value is not None:
+        return str(value), f"--pcb-{name}"
+    env = "PCB_" + name.replace("-", "_").upper()
+    if os.environ.get(env, "") != "":
+        return os.environ[env], f"{env} (environment)"
+    ini = config.getini(dest)
+    if ini:
+        return str(ini), f"{dest} (ini)"
+    return None, "default"
+
+
+def resolve_settings(config: pytest.Config) -> Settings:
+    values: Dict[str, Any] = {}
+    sources: Dict[str, str] = {}
+    for name, (parser, default, _, _) in OPTIONS.items():
+        raw, source = _raw_setting(config, name)
+        if raw is None:
+            raw = default
+        sources[name] = source
+        if raw is None:
+            values[name] = None
+            continue
+        try:
+            values[name] = parser(raw)
+        except ValueError as exc:
+            raise pytest.UsageError(f"{source}: {exc}") from None
+    if values["messages"] is not None and values["duration"] is not None:
+        raise pytest.UsageError("--pcb-messages and --pcb-duration exclude each other: give one")
+    profile = PROFILES[values["profile"]]()
+    cases = list(profile.cases)
+    conns, sizes, transports = values["conns"], values["size"], values["transport"]
+    if conns or sizes or transports:
+        cases = list(itertools.product(
+            conns or sorted({c for c, _, _ in cases}),
+            sizes or sorted({s for _, s, _ in cases}),
+            transports or sorted({t for _, _, t in cases}),
+        ))
+    top = loadgen.max_connections()
+    too_many = [c for c, _, _ in cases if c > top]
+    if too_many:
+        raise pytest.UsageError(
+            f"{sources['conns']}: {too_many[0]} connections do not fit: one process holds at most "
+            f"{top} sockets here (ulimit -n hard limit {loadgen.fd_limit()[1]}); use 'max'")
+    cpus = values["cpus"]
+    note = "server on CPU %d, load generator on CPU %d" % cpus if cpus else "pinning off (--pcb-cpus none)"
+    if cpus is None and len(os.sched_getaffinity(0)) < 2:
+        note = "pinning off: only one CPU available"
+    return Settings(
+        profile=values["profile"],
+        impls=values["impl"],
+        cases=tuple(dict.fromkeys(cases)),
+        messages=values["messages"],
+        duration=values["duration"],
+        rounds=values["rounds"] or profile.rounds,
+        cpus=cpus,
+        noise_retries=values["noise-retries"],
+        stall_timeout=values["stall-timeout"],
+        pinning_note=note,
+        sources=sources,
+    )
+
+
+SETTINGS_KEY = pytest.StashKey[Settings]()
+RESULTS_KEY = pytest.StashKey[List[Dict[str, Any]]]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("pyconcbench", "pyconcbench (echo benchmarks)")
+    for name, (_, default, help_text, metavar) in OPTIONS.items():
+        dest = "pcb_" + name.replace("-", "_")
+        env = "PCB_" + name.replace("-", "_").upper()
+        group.addoption(f"--pcb-{name}", dest=dest, metavar=metavar, default=None,
+                        help=f"{help_text}; env {env}, ini {dest}. Default: {default!r}")
+        parser.addini(dest, help=f"pyconcbench: {help_text}", default=None)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.option.help:
+        return
+    config.stash[SETTINGS_KEY] = resolve_settings(config)
+    config.stash[RESULTS_KEY] = []
+
+
+def pytest_report_header(config: pytest.Config) -> List[str]:
+    settings = config.stash.get(SETTINGS_KEY, None)
+    if settings is None:
+        return []
+    return [f"pyconcbench: profile {settings.profile}, {settings.rounds} rounds, {settings.pinning_note}"]
+
+
+# ---- cases ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class EchoCase:
+    impl: str
+    connections: int
+    size: int
+    transport: str
+
+    @property
+    def scale(self) -> str:
+        label = f"c{self.connections}-{size_label(self.size)}"
+        return label if self.transport == "tcp" else label + "-unix"
+
+    @property
+    def id(self) -> str:
+        return f"{self.impl}-{self.scale}"
+
+    @property
+    def group(self) -> str:
+        return f"echo-{self.scale}"
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "echo_case" not in metafunc.fixturenames:
+        return
+    settings = metafunc.config.stash[SETTINGS_KEY]
+    impls = settings.impls
+    wanted = getattr(metafunc.function, "pcb_impls", None)
+    if wanted is not None:
+        impls = tuple(i for i in impls if i in wanted) or tuple(wanted)
+    params = []
+    for (conns, size, transport), impl in itertools.product(settings.cases, impls):
+        case = EchoCase(impl, conns, size, transport)
+        params.append(pytest.param(
+            case, id=case.id, marks=pytest.mark.benchmark(group=case.group, timer=ROUND_CLOCK)))
+    metafunc.parametrize("echo_case", params)
+
+
+# ---- the measured round -----------------------------------------------------------------
+
+class RoundClock:
+    """The timer pytest-benchmark reads around each round: ``perf_counter`` less the time
+    spent probing the machine and measuring rounds that were rejected as noisy.  A round's
+    duration is therefore the wall time of the one accepted load phase of N round trips."""
+
+    __name__ = "round_clock"
+    __module__ = "pyconcbench.plugin"
+
+    def __init__(self) -> None:
+        self.excluded = 0.0
+
+    def __call__(self) -> float:
+        return time.perf_counter() - self.excluded
+
+
+ROUND_CLOCK = RoundClock()
+
+#: A round is noisy when the cache-line probe exceeds both of these ...
+PROBE_NOISY_FACTOR = 2.0
+PROBE_NOISY_MARGIN_NS = 150.0
+#: ... or other processes used more than this share of one CPU during it.
+OTHER_CPU_NOISY_SHARE = 0.25
+#: Clock ticks of server CPU needed before its user/system split is reported.
+MIN_TICKS_FOR_SPLIT = 20
+
+
+@dataclass
+class RoundRecord:
+    result: loadgen.LoadResult
+    server_cpu: float   # on-CPU seconds, ns-precise
+    server_user: float  # clock-tick split, 10 ms resolution
+    server_sys: float
+    other_cpu: float
+    probe_before: Optional[float]
+    probe_after: Optional[float]
+    noisy: str  # why it was noisy, "" when clean
+    attempt: int
+
+
+class EchoRunner:
+    """Runs the measured rounds of one echo case against a started server."""
+
+    def __init__(self, settings: Settings, case: EchoCase, server: harness.ServerProcess,
+                 probe_baseline: Optional[float]):
+        self.settings = settings
+        self.case = case
+        self.server = server
+        self.probe_baseline = probe_baseline
+        self.records: List[RoundRecord] = []
+        self.rejected: List[RoundRecord] = []
+        cpus = settings.cpus
+        if settings.duration:
+            messages, duration = 0, settings.duration
+        else:
+            messages = settings.messages or PROFILES[settings.profile]().messages_for(case.connections, case.size)
+            duration = 0.0
+        self.messages = messages
+        address = server.address
+        common = dict(
+            connections=case.connections, size=case.size, messages=messages, duration=duration,
+            warmup_messages=max(2000, 4 * case.connections) if messages else 0,
+            warmup_seconds=0.0 if messages else min(1.0, duration),
+            cpu=cpus[1] if cpus else None, stall_timeout=settings.stall_timeout,
+            connect_timeout=max(30.0, case.connections / 200.0),
+            deadline=max(120.0, 10 * settings.stall_timeout),
+        )
+        if case.transport == "unix":
+            self.spec = loadgen.LoadSpec(transport="unix", path=address, **common)
+        else:
+            self.spec = loadgen.LoadSpec(transport="tcp", host=address[0], port=address[1], **common)
+
+    def _probe(self) -> Optional[float]:
+        cpus = self.settings.cpus
+        return machine.cacheline_rtt(cpus[0], cpus[1]) if cpus else None
+
+    def _judge(self, rec: RoundRecord) -> str:
+        base = self.probe_baseline
+        if base:
+            limit = max(base * PROBE_NOISY_FACTOR, base + PROBE_NOISY_MARGIN_NS)
+            worst = max(p for p in (rec.probe_before, rec.probe_after) if p is not None)
+            if worst > limit:
+                return f"cache-line probe {worst:.0f} ns > {limit:.0f} ns"
+        elapsed = rec.result.elapsed
+        tick = 1.0 / machine.CLK_TCK
+        if elapsed > 0 and rec.other_cpu - 2 * tick > OTHER_CPU_NOISY_SHARE * elapsed:
+            return f"other processes used {rec.other_cpu / elapsed:.0%} of a CPU"
+        return ""
+
+    def one_round(self, session: loadgen.LoadSession) -> None:
+        """The function pytest-benchmark times: measures until a round is clean (at most
+        noise_retries extra tries); only the accepted phase's wall time counts."""
+        entered = time.perf_counter()
+        for attempt in range(self.settings.noise_retries + 1):
+            probe_before = self._probe()
+            self.server.check_alive()
+            before = machine.snapshot(self.server.pid)
+            started = time.perf_counter()
+            result = session.round()
+            finished = time.perf_counter()
+            after = machine.snapshot(self.server.pid)
+            probe_after = self._probe()
+            rec = RoundRecord(
+                result=result,
+                server_cpu=after.server_runtime - before.server_runtime,
+                server_user=after.server_user - before.server_user,
+                server_sys=after.server_sys - before.server_sys,
+                other_cpu=after.other_since(before),
+                probe_before=probe_before, probe_after=probe_after, noisy="", attempt=attempt,
+            )
+            rec.noisy = self._judge(rec)
+            if not rec.noisy or attempt == self.settings.noise_retries:
+                self.records.append(rec)
+                ROUND_CLOCK.excluded += (time.perf_counter() - entered) - (finished - started)
+                return
+            self.rejected.append(rec)
+
+    def run(self, benchmark: Any) -> "EchoOutcome":
+        with loadgen.LoadSession(self.spec) as session:
+            benchmark.pedantic(self.one_round, args=(session,), rounds=self.settings.rounds,
+                               iterations=1, warmup_rounds=0)
+        outcome = EchoOutcome.from_records(self, session.connect_seconds)
+        outcome.fill(benchmark.extra_info)
+        return outcome
+
+
+def _us(ns: float) -> float:
+    return round(ns / 1000.0, 3)
+
+
+@dataclass
+class EchoOutcome:
+    """What one echo benchmark measured, summarised over its accepted rounds."""
+
+    case: EchoCase
+    rounds: int
+    messages_per_round: int
+    completed: int
+    errors: Dict[str, int]
+    extra: Dict[str, Any]
+
+    @classmethod
+    def from_records(cls, runner: EchoRunner, connect_seconds: float) -> "EchoOutcome":
+        recs = runner.records
+        results = [r.result for r in recs]
+        completed = sum(r.completed for r in results)
+        elapsed = sum(r.elapsed for r in results)
+        errors: Dict[str, int] = {}
+        for r in results:
+            for kind, n in r.errors.items():
+                if n:
+                    errors[kind] = errors.get(kind, 0) + n
+        pct = loadgen.merge_percentiles([r.latency_buckets for r in results])
+        s_cpu = sum(r.server_cpu for r in recs)
+        ticks_user = sum(r.server_user for r in recs)
+        ticks_sys = sum(r.server_sys for r in recs)
+        # The user/system split comes from clock ticks: only trust it over enough of them.
+        user_share = (ticks_user / (ticks_user + ticks_sys)
+                      if ticks_user + ticks_sys >= MIN_TICKS_FOR_SPLIT / machine.CLK_TCK else None)
+        s_user = s_cpu * user_share if user_share is not None else None
+        s_sys = s_cpu - s_user if s_user is not None else None
+        l_cpu = sum(r.loadgen_cpu_user + r.loadgen_cpu_sys for r in results)
+        server = runner.server
+        case = runner.case
+        extra: Dict[str, Any] = {
+            "impl": case.impl,
+            "connections": case.connections,
+            "size": case.size,
+            "transport": case.transport,
+            "messages_per_round": runner.messages,
+            "msgs_per_s": round(completed / elapsed, 1) if elapsed else 0.0,
+            "msgs_per_s_median": round(statistics.median(r.msgs_per_s for r in results), 1),
+            "mib_per_s": round(completed * case.size / elapsed / (1 << 20), 3) if elapsed else 0.0,
+            "latency_p50_us": _us(pct[0]),
+            "latency_p90_us": _us(pct[1]),
+            "latency_p95_us": _us(pct[2]),
+            "latency_p99_us": _us(pct[3]),
+            "latency_p99_9_us": _us(pct[4]),
+            "latency_max_us": _us(max(r.latency["max"] for r in results)),
+            "fairness_jain": round(min(r.fairness.jain for r in results), 4),
+            "fairness_min": min(r.fairness.min for r in results),
+            "fairness_max": max(r.fairness.max for r in results),
+            "starving_connections": max(r.fairness.starving for r in results),
+            "errors": errors,
+            "connect_seconds": round(connect_seconds, 4),
+            "connect_rate": round(case.connections / connect_seconds, 1) if connect_seconds else 0.0,
+            "loadgen_cpu_share": round(l_cpu / elapsed, 3) if elapsed else 0.0,
+            "loadgen_bound": any(r.loadgen_bound for r in results),
+            "server_cpu": round(s_cpu, 6),
+            "server_cpu_user": None if s_user is None else round(s_user, 6),
+            "server_cpu_sys": None if s_sys is None else round(s_sys, 6),
+            "server_cpu_share": round(s_cpu / elapsed, 3) if elapsed else 0.0,
+            "server_user_share": None if user_share is None else round(user_share, 3),
+            "server_cpu_us_per_msg": round(s_cpu / completed * 1e6, 3) if completed else None,
+            "loadgen_cpu_us_per_msg": round(l_cpu / completed * 1e6, 3) if completed else None,
+            "server_rss_kib": machine.proc_status_kib(server.pid, "VmRSS"),
+            "server_rss_peak_kib": machine.proc_status_kib(server.pid, "VmHWM"),
+            "pinning": runner.settings.pinning_note,
+            "probe_baseline_ns": runner.probe_baseline,
+            "noisy_rounds_rejected": len(runner.rejected),
+            "noisy_rounds_kept": sum(1 for r in recs if r.noisy),
+            "timer": "wall time of the accepted load phase (perf_counter less probes and rejected noisy rounds)",
+            "rounds": [_round_dict(r) for r in recs],
+            "rejected_rounds": [_round_dict(r) for r in runner.rejected],
+        }
+        return cls(case, len(recs), runner.messages, completed, errors, extra)
+
+    def fill(self, extra_info: Dict[str, Any]) -> None:
+        # pytest-benchmark keeps a reference to this very dict: mutate it, never rebind it.
+        extra_info.update(self.extra)
+
+
+def _round_dict(rec: RoundRecord) -> Dict[str, Any]:
+    r = rec.result
+    cpu = rec.server_cpu
+    return {
+        "msgs_per_s": round(r.msgs_per_s, 1),
+        "completed": r.completed,
+        "elapsed": round(r.elapsed, 6),
+        "latency_p50_us": _us(r.latency["p50"]),
+        "latency_p99_us": _us(r.latency["p99"]),
+        "fairness_jain": round(r.fairness.jain, 4),
+        "loadgen_cpu_share": round(r.loadgen_cpu_share, 3),
+        "server_cpu": round(cpu, 6),
+        "server_ticks_user": round(rec.server_user, 3),
+        "server_ticks_sys": round(rec.server_sys, 3),
+        "server_cpu_us_per_msg": round(cpu / r.completed * 1e6, 3) if r.completed else None,
+        "other_cpu_share": round(rec.other_cpu / r.elapsed, 3) if r.elapsed else None,
+        "probe_before_ns": round(rec.probe_before, 1) if rec.probe_before else None,
+        "probe_after_ns": round(rec.probe_after, 1) if rec.probe_after else None,
+        "noisy": rec.noisy or None,
+        "attempt": rec.attempt,
+    }
+
+
+# ---- fixtures ---------------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def pcb_settings(pytestconfig: pytest.Config) -> Settings:
+    return pytestconfig.stash[SETTINGS_KEY]
+
+
+@pytest.fixture(scope="session")
+def pcb_probe_baseline(pcb_settings: Settings) -> Optional[float]:
+    """The quiet machine's cache-line round trip between the two pinned CPUs (the lowest of
+    a few probes), the reference each round's probes are judged against."""
+    cpus = pcb_settings.cpus
+    if not cpus:
+        return None
+    return min(machine.cacheline_rtt(cpus[0], cpus[1], 50000) for _ in range(3))
+
+
+@pytest.fixture
+def echo_server(echo_case: EchoCase, pcb_settings: Settings):
+    """The server process under test for this case, pinned to the server CPU."""
+    try:
+        loadgen.ensure_fd_limit(echo_case.connections)
+    except loadgen.FdLimitError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    cpus = pcb_settings.cpus
+    server = harness.ServerProcess(echo_case.impl, transport=echo_case.transport,
+                                   cpu=cpus[0] if cpus else None)
+    try:
+        server.start()
+    except harness.ServerUnavailable as exc:
+        pytest.skip(str(exc))
+    except harness.ServerError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def echo_bench(request: pytest.FixtureRequest, benchmark: Any, echo_case: EchoCase,
+               echo_server: harness.ServerProcess, pcb_settings: Settings,
+               pcb_probe_baseline: Optional[float]) -> Callable[[], EchoOutcome]:
+    """Call it to run the measured rounds; returns the EchoOutcome (also in extra_info)."""
+
+    def run() -> EchoOutcome:
+        runner = EchoRunner(pcb_settings, echo_case, echo_server, pcb_probe_baseline)
+        try:
+            outcome = runner.run(benchmark)
+        except loadgen.LoadError as exc:
+            echo_server.check_alive()
+            pytest.fail(f"{echo_case.id}: {exc}", pytrace=False)
+        request.config.stash[RESULTS_KEY].append(outcome.extra)
+        return outcome
+
+    return run
+
+
+# ---- results ----------------------------------------------------------------------------
+
+def pytest_benchmark_update_machine_info(config: pytest.Config, machine_info: Dict[str, Any]) -> None:
+    machine_info["pyconcbench"] = machine.machine_facts()
+    settings = config.stash.get(SETTINGS_KEY, None)
+    if settings is not None:
+        machine_info["pyconcbench"]["settings"] = {
+            "profile": settings.profile, "rounds": settings.rounds,
+            "cpus": list(settings.cpus) if settings.cpus else None,
+            "pinning": settings.pinning_note, "noise_retries": settings.noise_retries,
+        }
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    rows = config.stash.get(RESULTS_KEY, None)
+    if not rows:
+        return
+    terminalreporter.write_sep("-", "pyconcbench echo results")
+    for line in echo_table(rows):
+        terminalreporter.write_line(line)

@@ -1,0 +1,277 @@
+"""The server process under test: bind loopback, announce, serve one implementation, report.
+
+    python -m pyconcbench.serve IMPL [--host H] [--port P] [--unix PATH] [--cpu N] [--backlog N]
+
+stdout carries exactly two lines, each a JSON object: ``READY {...}`` once the socket listens,
+and the usage report after the server stops (on SIGTERM, SIGINT, SIGHUP or parent death).
+Exit codes: 0 stopped cleanly; 1 the implementation raised; 2 it cannot run as asked (bad
+arguments, unknown implementation, missing dependency, non-loopback host, bind failure).
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import ipaddress
+import json
+import os
+import resource
+import signal
+import socket
+import stat
+import sys
+
+from pyconcbench import servers
+
+PROG = "pyconcbench.serve"
+EXIT_FAILED = 1
+EXIT_UNUSABLE = 2
+PR_SET_PDEATHSIG = 1
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+class Unusable(Exception):
+    """The server cannot run as asked; the message is the one line to print."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m " + PROG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Run one echo server implementation on a loopback socket until SIGTERM,\n"
+        "SIGINT, SIGHUP or the parent's death. Prints 'READY {json}' when listening and\n"
+        "a JSON usage report (CPU time, peak RSS, counts) when stopped.",
+        epilog="implementations:\n"
+        + "\n".join("  %-18s %s" % (name, impl.description) for name, impl in servers.IMPLS.items()),
+    )
+    parser.add_argument("impl", metavar="IMPL", help="implementation id, see below")
+    parser.add_argument(
+        "--host", metavar="H", default=None,
+        help="loopback address to bind (127.0.0.0/8, ::1 or localhost). Default: '127.0.0.1'",
+    )
+    parser.add_argument(
+        "--port", metavar="P", type=_port, default=None,
+        help="TCP port; 0 lets the kernel choose. Default: 0",
+    )
+    parser.add_argument(
+        "--unix", metavar="PATH", default=None,
+        help="serve on a UNIX socket at PATH instead of TCP (a stale socket there is replaced)",
+    )
+    parser.add_argument(
+        "--cpu", metavar="N", type=_non_negative, default=None,
+        help="pin the server process to CPU N. Default: no pinning",
+    )
+    parser.add_argument(
+        "--backlog", metavar="N", type=_non_negative, default=65535,
+        help="listen() backlog; the kernel clamps it to net.core.somaxconn. Default: %(default)r",
+    )
+    return parser
+
+
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("not an integer: %r" % text) from None
+    if value < 0:
+        raise argparse.ArgumentTypeError("must be >= 0: %r" % text)
+    return value
+
+
+def _port(text: str) -> int:
+    value = _non_negative(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError("not a port number: %r" % text)
+    return value
+
+
+def loopback_address(host: str) -> str:
+    """Returns the address to bind for ``host``, or raises Unusable unless it is loopback."""
+    address = "127.0.0.1" if host == "localhost" else host
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        raise Unusable("refusing host %r: not an IP address or 'localhost'" % host) from None
+    if not ip.is_loopback:
+        raise Unusable("refusing host %r: not a loopback address (127.0.0.0/8, ::1)" % host)
+    return address
+
+
+def set_parent_death_signal(signum: int) -> None:
+    """Asks the kernel to send ``signum`` when the parent dies (Linux; a no-op elsewhere).
+    The kernel ties this to the parent *thread* that forked us, not the whole process."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signum)
+    except (OSError, AttributeError):
+        pass
+
+
+def pin(cpu: int) -> None:
+    try:
+        os.sched_setaffinity(0, {cpu})
+    except (OSError, ValueError, OverflowError) as exc:
+        raise Unusable(
+            "cannot pin to CPU %d (allowed: %s): %s"
+            % (cpu, sorted(os.sched_getaffinity(0)), exc)
+        ) from None
+
+
+def _remove_stale_socket(path: str) -> None:
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(st.st_mode):
+        raise Unusable("cannot bind %s: exists and is not a socket" % path)
+    os.unlink(path)
+
+
+def _remove_own_socket(path: str, inode: int) -> None:
+    """Removes the socket file unless something else has replaced it meanwhile."""
+    try:
+        if os.lstat(path).st_ino == inode:
+            os.unlink(path)
+    except OSError:
+        pass
+
+
+def listen(args) -> socket.socket:
+    if args.unix is not None:
+        _remove_stale_socket(args.unix)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        where = args.unix
+        address = args.unix
+    else:
+        host = loopback_address(args.host or "127.0.0.1")
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        port = args.port or 0
+        where = "[%s]:%d" % (host, port) if family == socket.AF_INET6 else "%s:%d" % (host, port)
+        address = (host, port)
+    try:
+        sock.bind(address)
+        sock.listen(args.backlog)
+    except OSError as exc:
+        sock.close()
+        raise Unusable("cannot bind %s: %s" % (where, exc)) from None
+    return sock
+
+
+class StopPipe:
+    """A pipe whose read end becomes readable when a stop signal arrives, even while C code
+    runs without the GIL (the signal wake-up fd is written by the C-level handler)."""
+
+    def __init__(self) -> None:
+        self.read_fd, self.write_fd = os.pipe()  # both O_CLOEXEC
+        os.set_blocking(self.write_fd, False)
+        self.signal = None
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, self._handler)
+        signal.set_wakeup_fd(self.write_fd, warn_on_full_buffer=False)
+
+    def _handler(self, signum, frame) -> None:
+        if self.signal is None:
+            self.signal = signal.Signals(signum).name
+        # Also write here: an event loop (uvloop, gevent) may have replaced the wake-up fd.
+        try:
+            os.write(self.write_fd, b"\0")
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        signal.set_wakeup_fd(-1)
+        os.close(self.read_fd)
+        os.close(self.write_fd)
+
+
+def _emit(channel, line: str) -> bool:
+    """Writes one line to the protocol channel; False when the reader is gone."""
+    try:
+        channel.write(line + "\n")
+        channel.flush()
+        return True
+    except (BrokenPipeError, ValueError):
+        return False
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.unix is not None and (args.host is not None or args.port is not None):
+        parser.error("--unix cannot be combined with --host or --port")
+
+    set_parent_death_signal(signal.SIGTERM)
+    parent = os.environ.get("PCB_PARENT_PID")
+    if parent and parent.isdigit() and os.getppid() != int(parent):
+        return EXIT_FAILED  # the parent died before the death signal was armed
+
+    try:
+        if args.cpu is not None:
+            pin(args.cpu)
+        serve = servers.load(args.impl)
+        sock = listen(args)
+    except (Unusable, servers.UnknownImpl, servers.MissingDependency) as exc:
+        print("%s: %s" % (PROG, exc), file=sys.stderr)
+        return EXIT_UNUSABLE
+
+    # The two protocol lines go to a private copy of stdout; fd 1 becomes stderr, so anything
+    # an implementation prints cannot corrupt the protocol or block on a full pipe.
+    channel = os.fdopen(os.dup(sys.stdout.fileno()), "w", encoding="utf-8")
+    sys.stdout.flush()
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+
+    unix_inode = os.stat(args.unix).st_ino if args.unix is not None else None
+    stop = StopPipe()
+    stats = servers.Stats()
+    status = 0
+    try:
+        if sock.family == socket.AF_UNIX:
+            host, port, path, transport = None, None, args.unix, "unix"
+        else:
+            host, port = sock.getsockname()[:2]
+            path, transport = None, "tcp"
+        ready = {
+            "impl": args.impl,
+            "transport": transport,
+            "host": host,
+            "port": port,
+            "path": path,
+            "pid": os.getpid(),
+            "cpu": sorted(os.sched_getaffinity(0)),
+            "python": sys.version.split()[0],
+        }
+        if not _emit(channel, "READY " + json.dumps(ready)):
+            return EXIT_FAILED
+        try:
+            serve(sock, stop.read_fd, stats)
+        except Exception as exc:
+            print("%s: %s failed: %s: %s" % (PROG, args.impl, type(exc).__name__, exc),
+                  file=sys.stderr)
+            status = EXIT_FAILED
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        report = {
+            "impl": args.impl,
+            "user": usage.ru_utime,
+            "system": usage.ru_stime,
+            "maxrss_kib": usage.ru_maxrss,
+            "accepted": stats.accepted,
+            "bytes": stats.bytes,
+            "errors": stats.errors,
+            "signal": stop.signal,
+        }
+        _emit(channel, json.dumps(report))
+    finally:
+        sock.close()
+        stop.close()
+        if unix_inode is not None:
+            _remove_own_socket(args.unix, unix_inode)
+        try:
+            channel.close()
+        except BrokenPipeError:
+            pass
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,97 @@
+"""The echo server implementations, one module per concurrency model, and their registry.
+
+Each module defines ``serve(sock, stop_fd, stats)``: serve the bound, listening socket ``sock``
+(TCP or UNIX) until the file descriptor ``stop_fd`` becomes readable, then return.  Servers never
+print; they count into ``stats``.  Adding a model is one ``IMPLS`` line plus one module.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from typing import Callable, NamedTuple, Tuple
+
+
+class Impl(NamedTuple):
+    module: str  # relative to this package
+    requires: Tuple[str, ...]  # distributions (pip names) the module imports
+    description: str
+
+
+IMPLS = {
+    "native_epoll": Impl("native_epoll", (), "C, one thread, level-triggered epoll"),
+    "native_threads": Impl("native_threads", (), "C, one OS thread per connection, blocking I/O"),
+    "asyncio_protocol": Impl("asyncio_protocol", (), "asyncio default loop, Protocol callbacks"),
+    "asyncio_streams": Impl("asyncio_streams", (), "asyncio default loop, StreamReader/Writer"),
+    "selectors": Impl("selectors", (), "one thread, selectors.DefaultSelector, non-blocking"),
+}
+
+# How a required distribution is imported and which pyconcbench extra installs it, where either
+# differs from the distribution's own name.
+_IMPORT_NAMES = {"pyzmq": "zmq"}
+_EXTRAS = {}
+
+
+class UnknownImpl(ValueError):
+    pass
+
+
+class MissingDependency(ImportError):
+    pass
+
+
+class Stats:
+    """What a server counts while it serves: connections accepted, bytes echoed, and
+    connections ended by an I/O error other than EOF or a reset by the peer."""
+
+    __slots__ = ("accepted", "bytes", "errors")
+
+    def __init__(self) -> None:
+        self.accepted = 0
+        self.bytes = 0
+        self.errors = 0
+
+    def as_dict(self) -> dict:
+        return {"accepted": self.accepted, "bytes": self.bytes, "errors": self.errors}
+
+    def __repr__(self) -> str:
+        return "Stats(accepted=%d, bytes=%d, errors=%d)" % (self.accepted, self.bytes, self.errors)
+
+
+ServeFunc = Callable[..., None]
+
+
+def load(impl: str) -> ServeFunc:
+    """Returns the ``serve`` function of implementation ``impl``."""
+    try:
+        spec = IMPLS[impl]
+    except KeyError:
+        raise UnknownImpl(
+            "unknown implementation %r; known: %s" % (impl, ", ".join(IMPLS))
+        ) from None
+    for dist in spec.requires:
+        if importlib.util.find_spec(_IMPORT_NAMES.get(dist, dist)) is None:
+            raise MissingDependency(
+                "implementation %r needs %s: pip install 'pyconcbench[%s]'"
+                % (impl, dist, _EXTRAS.get(dist, dist))
+            )
+    module = importlib.import_module("%s.%s" % (__name__, spec.module))
+    return module.serve
+
+
+def require_native(impl: str, name: str) -> Callable:
+    """Returns function ``name`` of the C extension, or raises MissingDependency when the
+    extension is not built or predates that function."""
+    try:
+        from pyconcbench import _native
+    except ImportError as exc:
+        raise MissingDependency(
+            "implementation %r needs the C extension pyconcbench._native, which is not built "
+            "(%s): pip install -e . --no-build-isolation" % (impl, exc)
+        ) from None
+    try:
+        return getattr(_native, name)
+    except AttributeError:
+        raise MissingDependency(
+            "implementation %r needs pyconcbench._native.%s, which this build lacks: "
+            "rebuild with pip install -e . --no-build-isolation" % (impl, name)
+        ) from None

@@ -1,0 +1,137 @@
+"""The pytest plugin, through pytester: options, ids and groups, a real small benchmark run
+saved to JSON and compared against."""
+import json
+import pathlib
+
+import pytest
+
+BENCH_DIR = pathlib.Path(__file__).parent / "bench"
+
+
+@pytest.fixture
+def suite(pytester):
+    pytester.makepyfile(test_echo=(BENCH_DIR / "test_echo.py").read_text())
+    return pytester
+
+
+def test_help_lists_every_option(pytester):
+    result = pytester.runpytest_subprocess("--help")
+    result.stdout.fnmatch_lines([
+        "pyconcbench (echo benchmarks):",
+        "*--pcb-profile=NAME*",
+        "*--pcb-impl=IDS*",
+        "*--pcb-conns=COUNTS*",
+        "*--pcb-size=SIZES*",
+        "*--pcb-transport=LIST*",
+        "*--pcb-messages=N*",
+        "*--pcb-duration=SECONDS*",
+        "*--pcb-rounds=N*",
+        "*--pcb-cpus=A,B*",
+        "*--pcb-noise-retries=N*",
+        "*--pcb-stall-timeout=SECONDS*",
+    ])
+    assert result.ret == 0
+
+
+@pytest.mark.parametrize("args, env, message", [
+    (["--pcb-conns", "10,x"], {}, "--pcb-conns: 'x' is not a connection count (e.g. 10, 1k, max)"),
+    (["--pcb-size", "64,3Q"], {}, "--pcb-size: '3Q' is not a size*"),
+    ([], {"PCB_SIZE": "2MiB"}, "PCB_SIZE (environment): '2MiB' is outside 1 B .. 1 MiB"),
+    (["--pcb-impl", "nope"], {}, "--pcb-impl: unknown implementation 'nope'; known: native_epoll*"),
+    (["--pcb-profile", "huge"], {}, "--pcb-profile: 'huge' is not a profile (quick, full)"),
+    (["--pcb-cpus", "0,0"], {}, "--pcb-cpus: server and load generator on the same CPU 0*"),
+    (["--pcb-cpus", "0,999"], {}, "--pcb-cpus: CPU 999 is not available to this process*"),
+    (["--pcb-rounds", "0"], {}, "--pcb-rounds: '0' is not a whole number >= 1"),
+    (["--pcb-duration", "-1"], {}, "--pcb-duration: '-1' must be > 0 seconds"),
+    (["--pcb-messages", "10", "--pcb-duration", "1"], {}, "*exclude each other*"),
+    (["--pcb-conns", "100000"], {}, "--pcb-conns: 100000 connections do not fit: one process holds at most * sockets here*"),
+    (["--pcb-transport", "udp"], {}, "--pcb-transport: 'udp' is not a transport (tcp, unix)"),
+])
+def test_bad_settings_are_usage_errors(suite, monkeypatch, args, env, message):
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    result = suite.runpytest_subprocess("--collect-only", "-q", *args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: " + message])
+    assert "Traceback" not in result.stderr.str()
+
+
+def collected_ids(result):
+    return [line.split("::", 1)[1] for line in result.stdout.lines if "::" in line]
+
+
+def test_ids_and_profile_matrix(suite):
+    result = suite.runpytest_subprocess("--collect-only", "-q", "--pcb-impl", "native_epoll,selectors")
+    assert collected_ids(result) == [
+        "test_echo[native_epoll-c10-64B]", "test_echo[selectors-c10-64B]",
+        "test_echo[native_epoll-c100-64B]", "test_echo[selectors-c100-64B]",
+        "test_echo[native_epoll-c1000-64B]", "test_echo[selectors-c1000-64B]",
+    ]
+
+
+def test_explicit_dimensions_make_a_product(suite):
+    result = suite.runpytest_subprocess("--collect-only", "-q", "--pcb-impl", "selectors",
+                                        "--pcb-conns", "1k", "--pcb-size", "1KiB,100",
+                                        "--pcb-transport", "unix")
+    # in the order given
+    assert collected_ids(result) == ["test_echo[selectors-c1000-1KiB-unix]",
+                                     "test_echo[selectors-c1000-100B-unix]"]
+
+
+def test_command_line_beats_environment_beats_ini(suite, monkeypatch):
+    suite.makeini("[pytest]\npcb_impl = selectors\npcb_conns = 7\n")
+    result = suite.runpytest_subprocess("--collect-only", "-q")
+    assert collected_ids(result) == ["test_echo[selectors-c7-64B]"]
+    monkeypatch.setenv("PCB_CONNS", "8")
+    result = suite.runpytest_subprocess("--collect-only", "-q")
+    assert collected_ids(result) == ["test_echo[selectors-c8-64B]"]
+    result = suite.runpytest_subprocess("--collect-only", "-q", "--pcb-conns", "9")
+    assert collected_ids(result) == ["test_echo[selectors-c9-64B]"]
+
+
+def test_full_profile_reaches_the_fd_limit(suite):
+    from pyconcbench import loadgen
+
+    result = suite.runpytest_subprocess("--collect-only", "-q", "--pcb-profile", "full",
+                                        "--pcb-impl", "native_epoll")
+    ids = collected_ids(result)
+    top = loadgen.max_connections()
+    assert f"test_echo[native_epoll-c{top}-64B]" in ids
+    assert "test_echo[native_epoll-c10-100KiB]" in ids
+    assert "test_echo[native_epoll-c100-64B-unix]" in ids
+
+
+def test_small_benchmark_run_saves_and_compares(suite):
+    args = ["-p", "no:cacheprovider", "--pcb-impl", "native_epoll,selectors", "--pcb-conns", "10",
+            "--pcb-messages", "300", "--pcb-rounds", "2", "--benchmark-autosave",
+            "--benchmark-storage", "file://./store"]
+    first = suite.runpytest_subprocess(*args, "--benchmark-json", "out.json")
+    first.assert_outcomes(passed=2)
+    first.stdout.fnmatch_lines([
+        "*benchmark 'echo-c10-64B': 2 tests*",
+        "*pyconcbench echo results*",
+        "echo 10 connections x 64B over tcp",
+        "implementation*msgs/s*x native*",
+    ])
+    data = json.loads((suite.path / "out.json").read_text())
+    facts = data["machine_info"]["pyconcbench"]
+    assert facts["fd_limit"]["hard"] > 0 and facts["kernel"]
+    assert facts["settings"]["rounds"] == 2
+    by_name = {b["name"]: b for b in data["benchmarks"]}
+    bench = by_name["test_echo[native_epoll-c10-64B]"]
+    assert bench["group"] == "echo-c10-64B"
+    assert bench["stats"]["rounds"] == 2
+    extra = bench["extra_info"]
+    for key in ("msgs_per_s", "latency_p50_us", "latency_p99_us", "latency_p99_9_us", "fairness_jain",
+                "connect_rate", "loadgen_cpu_share", "loadgen_bound", "server_cpu_us_per_msg",
+                "server_user_share", "server_rss_peak_kib", "probe_baseline_ns"):
+        assert key in extra, key
+    assert extra["errors"] == {}
+    assert [r["completed"] for r in extra["rounds"]] == [300, 300]
+    assert extra["msgs_per_s"] > 0 and extra["server_rss_peak_kib"] > 0
+
+    second = suite.runpytest_subprocess(*args, "--benchmark-compare")
+    second.assert_outcomes(passed=2)
+    second.stderr.fnmatch_lines(["*Comparing against benchmarks from*0001_*"])
+    second.stdout.fnmatch_lines(["*test_echo[[]native_epoll-c10-64B[]] (0001_*", "*test_echo[[]native_epoll-c10-64B[]] (NOW)*"])
+

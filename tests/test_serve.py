@@ -1,0 +1,202 @@
+"""python -m pyconcbench.serve: its command line, its refusals, and every implementation
+through the same conformance test (started with the harness, checked with a plain socket)."""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from brokenservers import connect, exchange
+from pyconcbench import harness, servers
+from pyconcbench.harness import ServerProcess, ServerUnavailable
+
+PAYLOAD_SIZES = (1, 64, 100 * 1024, 1024 * 1024)
+
+
+@pytest.fixture(autouse=True)
+def no_leaks():
+    fds = set(os.listdir("/proc/self/fd"))
+    yield
+    assert harness.child_servers() == []
+    assert set(os.listdir("/proc/self/fd")) <= fds
+
+
+def run_serve(*args, env=None, timeout=30):
+    return subprocess.run(
+        [sys.executable, "-m", "pyconcbench.serve", *args],
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout,
+        env=dict(os.environ, **(env or {})),
+    )
+
+
+def started(impl, **kwargs):
+    """A started ServerProcess; skips when the implementation cannot run here."""
+    server = ServerProcess(impl, **kwargs)
+    try:
+        return server.start()
+    except ServerUnavailable as exc:
+        pytest.skip(str(exc))
+
+
+def payload(size):
+    return bytes((i * 7 + size) & 0xFF for i in range(size))
+
+
+def test_help():
+    result = run_serve("--help")
+    assert result.returncode == 0, result.stderr
+    assert "usage: python -m pyconcbench.serve" in result.stdout
+    for impl in servers.IMPLS:
+        assert impl in result.stdout
+
+
+def test_unknown_impl_is_one_line_naming_the_known_ids():
+    result = run_serve("nope")
+    assert result.returncode == 2
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "unknown implementation 'nope'" in lines[0]
+    for impl in servers.IMPLS:
+        assert impl in lines[0]
+
+
+# 0.0.0.0 and :: would bind fine, 10.0.0.1 would fail as "cannot bind": a "refusing" line
+# shows the check comes before any socket is bound.
+@pytest.mark.parametrize("host", ["8.8.8.8", "10.0.0.1", "0.0.0.0", "::", "example.com"])
+def test_non_loopback_host_is_refused_before_binding(host):
+    result = run_serve("selectors", "--host", host)
+    assert result.returncode == 2
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("pyconcbench.serve: refusing host %r" % host)
+
+
+def test_port_in_use():
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen(1)
+        port = holder.getsockname()[1]
+        result = run_serve("selectors", "--port", str(port))
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr.strip() == (
+        "pyconcbench.serve: cannot bind 127.0.0.1:%d: [Errno 98] Address already in use" % port
+    )
+
+
+def test_invalid_cpu():
+    cpu = max(harness.cpus_available()) + 1000
+    result = run_serve("selectors", "--cpu", str(cpu))
+    assert result.returncode == 2
+    assert result.stderr.startswith("pyconcbench.serve: cannot pin to CPU %d" % cpu)
+
+
+def test_unix_path_that_is_not_a_socket_is_left_alone(tmp_path):
+    path = tmp_path / "not-a-socket"
+    path.write_text("keep me")
+    result = run_serve("selectors", "--unix", str(path))
+    assert result.returncode == 2
+    assert "exists and is not a socket" in result.stderr
+    assert path.read_text() == "keep me"
+
+
+def test_exits_at_once_when_its_parent_is_already_gone():
+    result = run_serve("selectors", env={"PCB_PARENT_PID": "1"}, timeout=10)
+    assert result.returncode == 1
+    assert result.stdout == ""
+
+
+@pytest.mark.parametrize("transport", ["tcp", "unix"])
+@pytest.mark.parametrize("impl", list(servers.IMPLS))
+def test_echo_conformance(impl, transport):
+    server = started(impl, transport=transport)
+    with server:
+        assert server.ready["impl"] == impl
+        assert server.ready["transport"] == transport
+        assert server.ready["pid"] == server.pid
+        sent = 0
+        with connect(server.address) as sock:
+            for size in PAYLOAD_SIZES:
+                data = payload(size)
+                assert exchange(sock, data) == data, "%d B echo differs" % size
+                sent += size
+        with connect(server.address) as other:
+            assert exchange(other, b"second connection") == b"second connection"
+            sent += len(b"second connection")
+        usage = server.stop()
+    assert usage.impl == impl
+    assert usage.accepted == 2
+    assert usage.bytes == sent
+    assert usage.errors == 0
+    assert usage.signal == "SIGTERM"
+    assert usage.user + usage.system > 0
+    assert usage.maxrss_kib > 0
+
+
+@pytest.mark.parametrize("impl", list(servers.IMPLS))
+def test_sigterm_with_connections_open_exits_promptly(impl):
+    server = started(impl, stop_timeout=5.0)
+    with server:
+        idle = [connect(server.address) for _ in range(5)]
+        # One client that sends a lot and reads nothing: the server is stuck on backpressure.
+        stuck = connect(server.address)
+        stuck.setblocking(False)
+        try:
+            for _ in range(1000):
+                stuck.send(b"x" * 65536)
+        except BlockingIOError:
+            pass
+        busy = connect(server.address)
+        assert exchange(busy, b"ping") == b"ping"
+        try:
+            began = time.monotonic()
+            usage = server.stop()
+            elapsed = time.monotonic() - began
+        finally:
+            for sock in idle + [stuck, busy]:
+                sock.close()
+    assert elapsed < 2.0
+    assert usage.accepted == 7
+    assert usage.signal == "SIGTERM"
+
+
+def test_sigint_is_a_clean_stop_too():
+    server = started("selectors", cpu=None)
+    with server:
+        os.kill(server.pid, signal.SIGINT)
+        usage = server.stop()
+    assert usage.signal == "SIGINT"
+
+
+def test_unix_socket_replaces_a_stale_socket_and_removes_its_own(tmp_path):
+    path = str(tmp_path / "echo.sock")
+    stale = socket.socket(socket.AF_UNIX)
+    stale.bind(path)
+    stale.close()
+    server = started("selectors", transport="unix", unix_path=path)
+    with server:
+        assert server.address == path
+        assert server.ready["path"] == path and server.ready["port"] is None
+        with connect(path) as sock:
+            assert exchange(sock, b"hello") == b"hello"
+    assert not os.path.exists(path)
+
+
+def test_ready_reports_the_cpu_it_is_pinned_to():
+    cpu = max(harness.cpus_available())
+    server = started("selectors", cpu=cpu)
+    with server:
+        assert server.ready["cpu"] == [cpu]
+        assert os.sched_getaffinity(server.pid) == {cpu}
+        assert server.ready["python"] == sys.version.split()[0]
+
+
+def test_unpinned_server_reports_every_allowed_cpu():
+    server = started("selectors", cpu=None)
+    with server:
+        assert server.ready["cpu"] == harness.cpus_available()
