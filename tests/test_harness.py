@@ -85,6 +85,9 @@ def test_ready_timeout_kills_the_server(fake_python):
     assert time.monotonic() - began < 3.0
     assert "warming up" in str(info.value)
     assert gone(server.pid)
+    with pytest.raises(ServerError) as again:
+        server.stop()
+    assert again.value is info.value
 
 
 def test_crash_at_start_up_carries_its_stderr(fake_python):
@@ -123,6 +126,18 @@ def test_garbage_instead_of_ready(fake_python):
     """)
     server = ServerProcess("selectors", python=script, cpu=None)
     with pytest.raises(ServerError, match="printed b'hello' instead of READY"):
+        server.start()
+    assert gone(server.pid)
+
+
+def test_unreadable_ready_line(fake_python):
+    script = fake_python("""
+        import time
+        print("READY {not json", flush=True)
+        time.sleep(30)
+    """)
+    server = ServerProcess("selectors", python=script, cpu=None)
+    with pytest.raises(ServerError, match="unreadable READY line"):
         server.start()
     assert gone(server.pid)
 

@@ -1,5 +1,6 @@
 """python -m pyconcbench.serve: its command line, its refusals, and every implementation
 through the same conformance test (started with the harness, checked with a plain socket)."""
+import json
 import os
 import signal
 import socket
@@ -103,6 +104,30 @@ def test_unix_path_that_is_not_a_socket_is_left_alone(tmp_path):
     assert result.returncode == 2
     assert "exists and is not a socket" in result.stderr
     assert path.read_text() == "keep me"
+
+
+FAILING_IMPL = """
+import sys
+from pyconcbench import serve
+
+def broken(sock, stop_fd, stats):
+    stats.accepted = 1
+    raise RuntimeError("kaput")
+
+serve.servers.load = lambda impl: broken
+sys.exit(serve.main(["selectors"]))
+"""
+
+
+def test_an_implementation_that_raises_still_reports_then_exits_1():
+    result = subprocess.run([sys.executable, "-c", FAILING_IMPL], stdin=subprocess.DEVNULL,
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode == 1
+    assert result.stderr == "pyconcbench.serve: selectors failed: RuntimeError: kaput\n"
+    ready, report = result.stdout.splitlines()
+    assert ready.startswith("READY {")
+    usage = harness.ServerUsage.from_dict(json.loads(report))
+    assert usage.accepted == 1 and usage.signal is None
 
 
 def test_exits_at_once_when_its_parent_is_already_gone():

@@ -190,6 +190,11 @@ class ServerProcess:
         self._stop_error: Optional[ServerError] = None
         self._stderr_text: Optional[str] = None
 
+    def __repr__(self) -> str:
+        pid = self._proc.pid if self._proc is not None else None
+        return "<ServerProcess %s pid=%s %s>" % (
+            self.impl, pid, self.address if self.ready is not None else "not ready")
+
     # -- life cycle ------------------------------------------------------------------------
 
     def argv(self) -> List[str]:
@@ -228,9 +233,11 @@ class ServerProcess:
         self._finalizer = weakref.finalize(self, _reap, self._proc, self._stderr, self._tmpdir)
         try:
             self.ready = self._wait_ready()
-        except BaseException:
+        except BaseException as exc:
             self._finalizer()
             self._stopped = True
+            self._stop_error = exc if isinstance(exc, ServerError) else ServerError(
+                "server %r did not start: %r" % (self.impl, exc))
             raise
         return self
 
@@ -260,7 +267,17 @@ class ServerProcess:
             raise ServerError(self._with_stderr(
                 "server %r printed %r instead of READY" % (self.impl, line[:200])
             ))
-        return json.loads(line[len(b"READY "):])
+        try:
+            ready = json.loads(line[len(b"READY "):])
+        except ValueError:
+            ready = None
+        if not isinstance(ready, dict):
+            self._proc.kill()
+            self._proc.wait()
+            raise ServerError(self._with_stderr(
+                "server %r printed an unreadable READY line: %r" % (self.impl, line[:200])
+            ))
+        return ready
 
     def _raise_exited_before_ready(self) -> None:
         try:

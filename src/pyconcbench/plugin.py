@@ -595,7 +595,10 @@ def echo_server(echo_case: EchoCase, pcb_settings: Settings):
     try:
         yield server
     finally:
-        server.stop()
+        try:
+            server.stop()
+        except harness.ServerError as exc:
+            pytest.fail(f"{echo_case.id}: {exc}", pytrace=False)
 
 
 @pytest.fixture
@@ -609,7 +612,13 @@ def echo_bench(request: pytest.FixtureRequest, benchmark: Any, echo_case: EchoCa
         try:
             outcome = runner.run(benchmark)
         except loadgen.LoadError as exc:
-            echo_server.check_alive()
+            try:
+                echo_server.check_alive()
+            except harness.ServerError as died:
+                pytest.fail(f"{echo_case.id}: the server died during the load ({exc}): {died}",
+                            pytrace=False)
+            pytest.fail(f"{echo_case.id}: {exc}", pytrace=False)
+        except harness.ServerError as exc:
             pytest.fail(f"{echo_case.id}: {exc}", pytrace=False)
         request.config.stash[RESULTS_KEY].append(outcome.extra)
         return outcome

@@ -179,6 +179,12 @@ class StopPipe:
         except OSError:
             pass
 
+    def ignore_more(self) -> None:
+        """Ignores further stop signals: the server is already stopping, and at interpreter
+        exit Python would reset its handlers to the default action, which kills."""
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, signal.SIG_IGN)
+
     def close(self) -> None:
         signal.set_wakeup_fd(-1)
         os.close(self.read_fd)
@@ -209,6 +215,7 @@ def main(argv=None) -> int:
     try:
         if args.cpu is not None:
             pin(args.cpu)
+        servers.BACKLOG = args.backlog  # before the module imports it, for frameworks that re-listen
         serve = servers.load(args.impl)
         sock = listen(args)
     except (Unusable, servers.UnknownImpl, servers.MissingDependency) as exc:
@@ -249,6 +256,7 @@ def main(argv=None) -> int:
             print("%s: %s failed: %s: %s" % (PROG, args.impl, type(exc).__name__, exc),
                   file=sys.stderr)
             status = EXIT_FAILED
+        stop.ignore_more()
         usage = resource.getrusage(resource.RUSAGE_SELF)
         report = {
             "impl": args.impl,

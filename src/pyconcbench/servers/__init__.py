@@ -25,6 +25,11 @@ IMPLS = {
     "selectors": Impl("selectors", (), "one thread, selectors.DefaultSelector, non-blocking"),
 }
 
+#: listen() backlog for servers whose framework calls listen() again on the socket it is given
+#: (asyncio's create_server does, with 100 unless told otherwise: at 10k connections the
+#: overflowing accept queue silently drops handshakes).  The kernel clamps it to somaxconn.
+BACKLOG = 65535
+
 # How a required distribution is imported and which pyconcbench extra installs it, where either
 # differs from the distribution's own name.
 _IMPORT_NAMES = {"pyzmq": "zmq"}

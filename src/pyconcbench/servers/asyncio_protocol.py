@@ -4,7 +4,7 @@ from __future__ import annotations
 import asyncio
 import socket
 
-from pyconcbench.servers import Stats
+from pyconcbench.servers import BACKLOG, Stats
 
 # Bounds the wait for connections to finish closing at shutdown (asyncio.Server.wait_closed
 # waits for every connection on 3.12+).
@@ -98,9 +98,9 @@ async def serve_async(sock: socket.socket, stop_fd: int, stats: Stats) -> None:
         return EchoProtocol(stats, connections)
 
     if sock.family == socket.AF_UNIX:
-        server = await loop.create_unix_server(factory, sock=sock)
+        server = await loop.create_unix_server(factory, sock=sock, backlog=BACKLOG)
     else:
-        server = await loop.create_server(factory, sock=sock)
+        server = await loop.create_server(factory, sock=sock, backlog=BACKLOG)
     try:
         await wait_readable(stop_fd)
     finally:

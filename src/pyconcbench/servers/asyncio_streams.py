@@ -4,7 +4,7 @@ from __future__ import annotations
 import asyncio
 import socket
 
-from pyconcbench.servers import Stats
+from pyconcbench.servers import BACKLOG, Stats
 from pyconcbench.servers.asyncio_protocol import CLOSE_TIMEOUT, Connections, wait_readable
 
 READ_SIZE = 65536
@@ -62,9 +62,9 @@ async def serve_async(sock: socket.socket, stop_fd: int, stats: Stats) -> None:
     """Serves on the running loop (any asyncio loop, uvloop included) until stop_fd is readable."""
     echo_server = EchoServer(stats)
     if sock.family == socket.AF_UNIX:
-        server = await asyncio.start_unix_server(echo_server.connected, sock=sock)
+        server = await asyncio.start_unix_server(echo_server.connected, sock=sock, backlog=BACKLOG)
     else:
-        server = await asyncio.start_server(echo_server.connected, sock=sock)
+        server = await asyncio.start_server(echo_server.connected, sock=sock, backlog=BACKLOG)
     try:
         await wait_readable(stop_fd)
     finally:
