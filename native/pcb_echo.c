@@ -409,12 +409,15 @@ static void *tworker(void *arg)
             e = errno;
             break;
         }
+        /* Counted before sending, so the count is visible before the client can see the
+         * echo (the caller snapshots the counters the moment it stops); what a failed send
+         * leaves unsent is taken back below. */
+        tcount(&tc.sh->bytes, (uint64_t)n);
         size_t off = 0;
         while (off < (size_t)n) {
             ssize_t w = send(tc.fd, buf + off, (size_t)n - off, MSG_NOSIGNAL);
             if (w > 0) {
                 off += (size_t)w;
-                tcount(&tc.sh->bytes, (uint64_t)w);
             } else if (w < 0 && errno == EINTR) {
                 continue;
             } else {
@@ -422,8 +425,10 @@ static void *tworker(void *arg)
                 break;
             }
         }
-        if (e)
+        if (e) {
+            __atomic_sub_fetch(&tc.sh->bytes, (uint64_t)n - off, __ATOMIC_RELAXED);
             break;
+        }
     }
     if (e && !error_is_quiet(e))
         tcount(&tc.sh->errors, 1);

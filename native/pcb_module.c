@@ -6,7 +6,9 @@
  * ValueError.  Everything else lives in the pcb_*.c files.
  */
 #define PY_SSIZE_T_CLEAN
-#define _GNU_SOURCE
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE 1 /* as Python 3.9/3.10 pyconfig.h defines it, unguarded */
+#endif
 #include <Python.h>
 
 #include <arpa/inet.h>

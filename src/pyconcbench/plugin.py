@@ -170,7 +170,8 @@ OPTIONS: Dict[str, Tuple[Callable[[str], Any], Optional[str], str, str]] = {
     "messages": (parse_positive_int, None, "round trips per round (default: by profile and scale)", "N"),
     "duration": (parse_seconds, None, "seconds per round instead of a fixed number of round trips", "SECONDS"),
     "rounds": (parse_positive_int, None, "measured rounds per benchmark (default: the profile's)", "N"),
-    "cpus": (parse_cpus, "0,1", "SERVER_CPU,LOADGEN_CPU to pin to, or 'none'", "A,B"),
+    "cpus": (parse_cpus, None, "SERVER_CPU,LOADGEN_CPU to pin to, or 'none' (default: 0,1, or the "
+             "first two CPUs this process may use; pinning off with only one)", "A,B"),
     "noise-retries": (parse_positive_int, "3", "how often a noisy round is measured again", "N"),
     "stall-timeout": (parse_seconds, "10", "fail a round when no round trip completes for this long", "SECONDS"),
 }
@@ -238,9 +239,15 @@ def resolve_settings(config: pytest.Config) -> Settings:
             f"{sources['conns']}: {too_many[0]} connections do not fit: one process holds at most "
             f"{top} sockets here (ulimit -n hard limit {loadgen.fd_limit()[1]}); use 'max'")
     cpus = values["cpus"]
-    note = "server on CPU %d, load generator on CPU %d" % cpus if cpus else "pinning off (--pcb-cpus none)"
-    if cpus is None and len(os.sched_getaffinity(0)) < 2:
-        note = "pinning off: only one CPU available"
+    if cpus is None:
+        note = f"pinning off ({sources['cpus']})"
+    else:
+        note = "server on CPU %d, load generator on CPU %d" % cpus
+    if sources["cpus"] == "default":
+        # The default 0,1 adapts to the CPUs this process may use; an explicit value does not.
+        plan = harness.pinning_plan()
+        cpus = None if plan.server_cpu is None else (plan.server_cpu, plan.load_cpu)
+        note = plan.note
     return Settings(
         profile=values["profile"],
         impls=values["impl"],
