@@ -137,3 +137,42 @@ def test_small_benchmark_run_saves_and_compares(suite):
     second.stdout.fnmatch_lines(["*test_echo[[]native_epoll-c10-64B[]] (0001_*"])
     second.stdout.fnmatch_lines(["*test_echo[[]native_epoll-c10-64B[]] (NOW)*"])
 
+
+
+def test_a_server_that_dies_mid_load_is_one_clear_failure(pytester):
+    pytester.makepyfile(test_die="""
+        import os, signal, threading
+
+        def test_echo(echo_case, echo_server, echo_bench):
+            threading.Timer(0.5, os.kill, (echo_server.pid, signal.SIGKILL)).start()
+            echo_bench()
+    """)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--pcb-impl", "selectors",
+                                           "--pcb-conns", "10", "--pcb-messages", "100000000",
+                                           "--pcb-stall-timeout", "5", "--benchmark-disable")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([
+        "*selectors-c10-64B: the server died during the load (load *): server 'selectors' (pid *) exited with code -9*",
+    ])
+    assert "Traceback" not in result.stdout.str()
+    assert "During handling" not in result.stdout.str()
+    assert "errors" not in result.parseoutcomes()  # no second report from the teardown
+
+
+def test_pytest_timeout_interrupts_a_stalled_load(pytester):
+    pytester.makepyfile(brokenservers=(pathlib.Path(__file__).parent / "brokenservers.py").read_text())
+    pytester.makepyfile(test_hang="""
+        import time
+        from brokenservers import BrokenServer
+        from pyconcbench import loadgen
+
+        def test_hang():
+            with BrokenServer("stop_reading") as server:
+                host, port = server.address
+                loadgen.run(loadgen.LoadSpec(host=host, port=port, connections=2, warmup_messages=0,
+                                             stall_timeout=120, deadline=120))
+    """)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--timeout", "1")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*Failed: Timeout (>1.0s) from pytest-timeout*"])
+    assert result.duration < 30

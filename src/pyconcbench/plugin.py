@@ -583,8 +583,11 @@ def pcb_probe_baseline(pcb_settings: Settings) -> Optional[float]:
     return min(machine.cacheline_rtt(cpus[0], cpus[1], 50000) for _ in range(3))
 
 
+SERVER_REPORTED_KEY = pytest.StashKey[bool]()
+
+
 @pytest.fixture
-def echo_server(echo_case: EchoCase, pcb_settings: Settings):
+def echo_server(request: pytest.FixtureRequest, echo_case: EchoCase, pcb_settings: Settings):
     """The server process under test for this case, pinned to the server CPU."""
     try:
         loadgen.ensure_fd_limit(echo_case.connections)
@@ -605,7 +608,8 @@ def echo_server(echo_case: EchoCase, pcb_settings: Settings):
         try:
             server.stop()
         except harness.ServerError as exc:
-            pytest.fail(f"{echo_case.id}: {exc}", pytrace=False)
+            if not request.node.stash.get(SERVER_REPORTED_KEY, False):
+                pytest.fail(f"{echo_case.id}: {exc}", pytrace=False)
 
 
 @pytest.fixture
@@ -616,17 +620,22 @@ def echo_bench(request: pytest.FixtureRequest, benchmark: Any, echo_case: EchoCa
 
     def run() -> EchoOutcome:
         runner = EchoRunner(pcb_settings, echo_case, echo_server, pcb_probe_baseline)
+        failure = None
         try:
             outcome = runner.run(benchmark)
         except loadgen.LoadError as exc:
+            failure = f"{echo_case.id}: {exc}"
             try:
                 echo_server.check_alive()
             except harness.ServerError as died:
-                pytest.fail(f"{echo_case.id}: the server died during the load ({exc}): {died}",
-                            pytrace=False)
-            pytest.fail(f"{echo_case.id}: {exc}", pytrace=False)
+                failure = f"{echo_case.id}: the server died during the load ({exc}): {died}"
+                request.node.stash[SERVER_REPORTED_KEY] = True
         except harness.ServerError as exc:
-            pytest.fail(f"{echo_case.id}: {exc}", pytrace=False)
+            failure = f"{echo_case.id}: {exc}"
+            request.node.stash[SERVER_REPORTED_KEY] = True
+        if failure is not None:
+            # Outside the except blocks: one line, no chained traceback.
+            pytest.fail(failure, pytrace=False)
         request.config.stash[RESULTS_KEY].append(outcome.extra)
         return outcome
 

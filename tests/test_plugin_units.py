@@ -1,0 +1,211 @@
+"""The plugin's pieces without pytester: option parsers, profiles, the noise judge and retry
+loop with fake probes and a fake load, the summary figures, the printed table."""
+import pytest
+
+from pyconcbench import loadgen, machine, plugin, summary
+from pyconcbench.plugin import EchoCase, EchoOutcome, EchoRunner, RoundRecord, Settings
+
+
+@pytest.mark.parametrize("text, sizes", [
+    ("64", (64,)), ("64B,1KiB", (64, 1024)), ("100k, 1MiB", (102400, 1 << 20)), ("1m", (1 << 20,)),
+])
+def test_parse_sizes(text, sizes):
+    assert plugin.parse_sizes(text) == sizes
+
+
+@pytest.mark.parametrize("text", ["0", "2MiB", "64X", "", ",", "-1"])
+def test_parse_sizes_rejects(text):
+    with pytest.raises(ValueError):
+        plugin.parse_sizes(text)
+
+
+def test_parse_counts_and_max():
+    assert plugin.parse_counts("10,1k,3K") == (10, 1000, 3000)
+    assert plugin.parse_counts("max") == (loadgen.max_connections(),)
+    for bad in ("0", "x", "1.5k", ""):
+        with pytest.raises(ValueError):
+            plugin.parse_counts(bad)
+
+
+def test_parse_impls_keeps_order_and_expands_all():
+    assert plugin.parse_impls("selectors,native_epoll,selectors") == ("selectors", "native_epoll")
+    assert plugin.parse_impls("all")[0] == "native_epoll"
+
+
+def test_parse_cpus():
+    assert plugin.parse_cpus("none") is None
+    assert plugin.parse_cpus("0,1") == (0, 1)
+    for bad in ("0", "0,0", "a,b", "0,1,2"):
+        with pytest.raises(ValueError):
+            plugin.parse_cpus(bad)
+
+
+def test_parse_seconds_and_ints():
+    assert plugin.parse_seconds("2.5") == 2.5 and plugin.parse_seconds("3s") == 3.0
+    for bad in ("0", "-1", "nan", "inf", "x"):
+        with pytest.raises(ValueError):
+            plugin.parse_seconds(bad)
+    assert plugin.parse_positive_int("7") == 7
+    for bad in ("0", "-3", "2.0", "x"):
+        with pytest.raises(ValueError):
+            plugin.parse_positive_int(bad)
+
+
+def test_profile_round_sizes():
+    quick = plugin.PROFILES["quick"]()
+    assert quick.cases == ((10, 64, "tcp"), (100, 64, "tcp"), (1000, 64, "tcp"))
+    assert quick.messages_for(10, 64) == 20_000
+    assert quick.messages_for(5000, 64) == 100_000          # 20 per connection
+    assert quick.messages_for(10, 100 * 1024) == 2621        # ~256 MiB of payload
+    assert quick.messages_for(10, 1 << 20) == 256
+
+
+def test_size_label():
+    assert [summary.size_label(s) for s in (1, 64, 1024, 1536, 100 * 1024, 1 << 20)] == \
+        ["1B", "64B", "1KiB", "1536B", "100KiB", "1MiB"]
+
+
+def test_case_ids_and_groups():
+    case = EchoCase("asyncio_protocol", 100, 64, "tcp")
+    assert case.id == "asyncio_protocol-c100-64B" and case.group == "echo-c100-64B"
+    assert EchoCase("selectors", 10, 1024, "unix").id == "selectors-c10-1KiB-unix"
+
+
+# ---- the measured round, with fakes ------------------------------------------------------
+
+def result(completed=1000, elapsed=0.1, lg_cpu=0.05, p50=50_000, counts=(500, 500)):
+    return loadgen.LoadResult(
+        connections=len(counts), size=64, transport="tcp", completed=completed, elapsed=elapsed,
+        connect_seconds=0.002, latency={"p50": p50, "p99": 2 * p50, "max": 3 * p50},
+        fairness=loadgen.fairness(list(counts)), errors={k: 0 for k in loadgen.ERROR_KINDS},
+        loadgen_cpu_user=lg_cpu / 2, loadgen_cpu_sys=lg_cpu / 2, bytes=completed * 64,
+        latency_buckets=((p50, completed // 2), (2 * p50, completed - completed // 2)),
+    )
+
+
+class FakeServer:
+    pid = 4242
+    address = ("127.0.0.1", 9)
+
+    def check_alive(self):
+        pass
+
+
+class FakeSession:
+    def __init__(self, results):
+        self.results = list(results)
+
+    def round(self):
+        return self.results.pop(0)
+
+
+def settings(**kw):
+    base = dict(profile="quick", impls=("native_epoll",), cases=((2, 64, "tcp"),), messages=1000,
+                duration=None, rounds=3, cpus=(0, 1), noise_retries=2, stall_timeout=10.0)
+    base.update(kw)
+    return Settings(**base)
+
+
+@pytest.fixture
+def fakes(monkeypatch):
+    """Scripted probes and CPU snapshots: each round reads two of each."""
+    state = {"probes": [], "snaps": []}
+
+    def probe(a, b, iterations=20000):
+        return state["probes"].pop(0)
+
+    def snap(pid):
+        return state["snaps"].pop(0)
+
+    monkeypatch.setattr(machine, "cacheline_rtt", probe)
+    monkeypatch.setattr(machine, "snapshot", snap)
+    return state
+
+
+def snaps(machine_busy, server_runtime, other=0.0):
+    """A before/after pair: the machine busy `machine_busy` s of which `other` s by others."""
+    before = machine.CpuSnapshot(machine=100.0, own=10.0, server_user=1.0, server_sys=1.0, server_runtime=5.0)
+    after = machine.CpuSnapshot(machine=100.0 + machine_busy, own=10.0 + (machine_busy - server_runtime - other),
+                                server_user=1.0 + server_runtime * 0.75, server_sys=1.0 + server_runtime * 0.25,
+                                server_runtime=5.0 + server_runtime)
+    return [before, after]
+
+
+def test_clean_round_is_kept_and_only_its_phase_is_timed(fakes):
+    runner = EchoRunner(settings(), EchoCase("native_epoll", 2, 64, "tcp"), FakeServer(), probe_baseline=150.0)
+    fakes["probes"] += [150.0, 160.0]
+    fakes["snaps"] += snaps(0.2, 0.09)
+    excluded = plugin.ROUND_CLOCK.excluded
+    runner.one_round(FakeSession([result()]))
+    assert len(runner.records) == 1 and runner.rejected == []
+    rec = runner.records[0]
+    assert rec.noisy == "" and rec.server_cpu == pytest.approx(0.09)
+    assert rec.other_cpu == pytest.approx(0.0)
+    assert plugin.ROUND_CLOCK.excluded > excluded  # the probes and snapshots are not timed
+
+
+def test_noisy_probe_round_is_measured_again(fakes):
+    runner = EchoRunner(settings(), EchoCase("native_epoll", 2, 64, "tcp"), FakeServer(), probe_baseline=150.0)
+    fakes["probes"] += [150.0, 650.0, 150.0, 155.0]
+    fakes["snaps"] += snaps(0.2, 0.09) + snaps(0.2, 0.09)
+    runner.one_round(FakeSession([result(completed=1000), result(completed=1000, elapsed=0.09)]))
+    assert len(runner.rejected) == 1 and "cache-line probe 650 ns > 300 ns" in runner.rejected[0].noisy
+    assert len(runner.records) == 1 and runner.records[0].attempt == 1
+
+
+def test_busy_machine_round_is_noisy_and_kept_after_the_retries(fakes):
+    runner = EchoRunner(settings(noise_retries=1), EchoCase("native_epoll", 2, 64, "tcp"), FakeServer(),
+                        probe_baseline=150.0)
+    fakes["probes"] += [150.0] * 4
+    fakes["snaps"] += snaps(0.3, 0.09, other=0.08) * 2  # others: 80 % of a CPU over 0.1 s
+    runner.one_round(FakeSession([result(), result()]))
+    assert len(runner.rejected) == 1
+    kept = runner.records[0]
+    assert kept.noisy.startswith("other processes used 80% of a CPU") and kept.attempt == 1
+
+
+def test_outcome_figures(fakes):
+    runner = EchoRunner(settings(), EchoCase("native_epoll", 2, 64, "tcp"), FakeServer(), probe_baseline=150.0)
+    runner.records = [
+        RoundRecord(result(completed=1000, elapsed=0.1, lg_cpu=0.095), server_cpu=0.05, server_user=0.3,
+                    server_sys=0.1, other_cpu=0.0, probe_before=150.0, probe_after=151.0, noisy="", attempt=0),
+        RoundRecord(result(completed=1000, elapsed=0.4, lg_cpu=0.1), server_cpu=0.15, server_user=0.3,
+                    server_sys=0.1, other_cpu=0.0, probe_before=150.0, probe_after=151.0, noisy="", attempt=0),
+    ]
+    out = EchoOutcome.from_records(runner, connect_seconds=0.004)
+    e = out.extra
+    assert out.completed == 2000 and out.rounds == 2 and out.errors == {}
+    assert e["msgs_per_s"] == 4000.0                       # 2000 round trips in 0.5 s
+    assert e["msgs_per_s_median"] == pytest.approx(6250.0)  # median of 10000 and 2500
+    assert e["server_cpu_us_per_msg"] == pytest.approx(100.0)
+    assert e["server_cpu_share"] == pytest.approx(0.4)
+    assert e["server_user_share"] == pytest.approx(0.75)   # 60 of 80 ticks
+    assert e["server_cpu_user"] == pytest.approx(0.15)
+    assert e["loadgen_bound"] is True                      # round 1: 95 % of a core
+    assert e["loadgen_cpu_share"] == pytest.approx(0.39)
+    assert e["connect_rate"] == 500.0
+    assert e["latency_p50_us"] == 50.0 and e["latency_p99_us"] == 100.0
+    assert [r["completed"] for r in e["rounds"]] == [1000, 1000]
+    info = {"kept": 1}
+    out.fill(info)
+    assert info["kept"] == 1 and info["msgs_per_s"] == 4000.0  # filled in place
+
+
+def row(impl, rate, cpu_us, bound=False, **kw):
+    r = dict(impl=impl, transport="tcp", size=64, connections=10, msgs_per_s=rate, latency_p50_us=50.0,
+             latency_p99_us=100.0, server_cpu_us_per_msg=cpu_us, server_user_share=0.5,
+             server_cpu_share=0.9, loadgen_cpu_share=0.95 if bound else 0.3, loadgen_bound=bound,
+             starving_connections=0, noisy_rounds_kept=0)
+    r.update(kw)
+    return r
+
+
+def test_echo_table():
+    lines = summary.echo_table([row("asyncio_protocol", 40_000, 25.0, starving_connections=3),
+                                row("native_epoll", 200_000, 5.0, bound=True)])
+    assert lines[1] == "echo 10 connections x 64B over tcp"
+    native = next(line for line in lines if line.startswith("native_epoll"))
+    aio = next(line for line in lines if line.startswith("asyncio_protocol"))
+    assert lines.index(native) < lines.index(aio)  # fastest first
+    assert "≥200,000" in native and "load-generator-bound: rate is a lower bound" in native
+    assert " 0.20 " in aio and "+20.00" in aio and "3 starving connections" in aio
