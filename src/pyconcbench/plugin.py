@@ -396,7 +396,7 @@ class EchoRunner:
             warmup_seconds=0.0 if messages else min(1.0, duration),
             cpu=cpus[1] if cpus else None, stall_timeout=settings.stall_timeout,
             connect_timeout=max(30.0, case.connections / 200.0),
-            deadline=max(120.0, 10 * settings.stall_timeout),
+            deadline=max(120.0, 10 * settings.stall_timeout, 2 * duration + 60),
         )
         if case.transport == "unix":
             self.spec = loadgen.LoadSpec(transport="unix", path=address, **common)
