@@ -28,18 +28,25 @@ def _children():
     return out
 
 
-def _fd_count():
-    return len(os.listdir("/proc/self/fd"))
+def _fds():
+    return set(os.listdir("/proc/self/fd"))
 
 
 @pytest.fixture(autouse=True)
 def no_leaks(request):
-    """Fails a test that leaves a child process behind, or more than a few extra fds."""
-    fds = _fd_count()
+    """Fails a test that leaves a child process behind or a file descriptor open."""
+    fds = _fds()
     yield
     left = _children()
     if left:
         pytest.fail("test left child processes running: " + "; ".join(left), pytrace=False)
-    grown = _fd_count() - fds
-    if grown > 8:
-        pytest.fail(f"test leaked {grown} file descriptors", pytrace=False)
+    leaked = _fds() - fds
+    if leaked:
+        targets = []
+        for fd in sorted(leaked, key=int):
+            try:
+                targets.append(f"{fd} -> {os.readlink('/proc/self/fd/' + fd)}")
+            except OSError:
+                pass
+        if targets:
+            pytest.fail("test leaked file descriptors: " + ", ".join(targets), pytrace=False)

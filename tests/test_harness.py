@@ -34,14 +34,6 @@ READY = {
 }
 
 
-@pytest.fixture(autouse=True)
-def no_leaks():
-    fds = set(os.listdir("/proc/self/fd"))
-    yield
-    assert harness.child_servers() == []
-    assert set(os.listdir("/proc/self/fd")) <= fds
-
-
 @pytest.fixture
 def fake_python(tmp_path):
     """fake_python(body) -> path of an executable Python script standing in for the server."""

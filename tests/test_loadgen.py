@@ -1,6 +1,5 @@
 """The load engine and its Python face: validation, verified echoes, every error kind within
 its bound, interruption, the fd-limit check."""
-import os
 import signal
 import socket
 import subprocess

@@ -17,14 +17,6 @@ from pyconcbench.harness import ServerProcess, ServerUnavailable
 PAYLOAD_SIZES = (1, 64, 100 * 1024, 1024 * 1024)
 
 
-@pytest.fixture(autouse=True)
-def no_leaks():
-    fds = set(os.listdir("/proc/self/fd"))
-    yield
-    assert harness.child_servers() == []
-    assert set(os.listdir("/proc/self/fd")) <= fds
-
-
 def run_serve(*args, env=None, timeout=30):
     return subprocess.run(
         [sys.executable, "-m", "pyconcbench.serve", *args],

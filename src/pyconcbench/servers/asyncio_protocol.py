@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from typing import Awaitable, Callable
 
 from pyconcbench.servers import BACKLOG, Stats
 
@@ -101,11 +102,17 @@ async def serve_async(sock: socket.socket, stop_fd: int, stats: Stats) -> None:
         server = await loop.create_unix_server(factory, sock=sock, backlog=BACKLOG)
     else:
         server = await loop.create_server(factory, sock=sock, backlog=BACKLOG)
+    await serve_until_stopped(server, stop_fd, connections.abort_all)
+
+
+async def serve_until_stopped(server: asyncio.AbstractServer, stop_fd: int,
+                              close_connections: Callable[[], Awaitable[None]]) -> None:
+    """Waits for stop_fd, then closes the server and its connections (bounded)."""
     try:
         await wait_readable(stop_fd)
     finally:
         server.close()
-        await connections.abort_all()
+        await close_connections()
         try:
             await asyncio.wait_for(server.wait_closed(), CLOSE_TIMEOUT)
         except asyncio.TimeoutError:

@@ -5,7 +5,7 @@ import asyncio
 import socket
 
 from pyconcbench.servers import BACKLOG, Stats
-from pyconcbench.servers.asyncio_protocol import CLOSE_TIMEOUT, Connections, wait_readable
+from pyconcbench.servers.asyncio_protocol import CLOSE_TIMEOUT, Connections, serve_until_stopped
 
 READ_SIZE = 65536
 
@@ -65,15 +65,7 @@ async def serve_async(sock: socket.socket, stop_fd: int, stats: Stats) -> None:
         server = await asyncio.start_unix_server(echo_server.connected, sock=sock, backlog=BACKLOG)
     else:
         server = await asyncio.start_server(echo_server.connected, sock=sock, backlog=BACKLOG)
-    try:
-        await wait_readable(stop_fd)
-    finally:
-        server.close()
-        await echo_server.close()
-        try:
-            await asyncio.wait_for(server.wait_closed(), CLOSE_TIMEOUT)
-        except asyncio.TimeoutError:
-            pass
+    await serve_until_stopped(server, stop_fd, echo_server.close)
 
 
 def serve(sock: socket.socket, stop_fd: int, stats: Stats) -> None:
