@@ -53,7 +53,7 @@ def test_parse_seconds_and_ints():
 
 def test_profile_round_sizes():
     quick = plugin.PROFILES["quick"]()
-    assert quick.cases == ((10, 64, "tcp"), (100, 64, "tcp"), (1000, 64, "tcp"))
+    assert quick.cases == ((10, 64, "tcp"), (100, 64, "tcp"), (1000, 64, "tcp"), (100, 64, "unix"))
     assert quick.messages_for(10, 64) == 20_000
     assert quick.messages_for(5000, 64) == 100_000          # 20 per connection
     assert quick.messages_for(10, 100 * 1024) == 2621        # ~256 MiB of payload
@@ -69,6 +69,20 @@ def test_case_ids_and_groups():
     case = EchoCase("asyncio_protocol", 100, 64, "tcp")
     assert case.id == "asyncio_protocol-c100-64B" and case.group == "echo-c100-64B"
     assert EchoCase("selectors", 10, 1024, "unix").id == "selectors-c10-1KiB-unix"
+    tuned = EchoCase("asyncio_protocol", 100, 64, "tcp", "tuned")
+    assert tuned.id == "asyncio_protocol-c100-64B-malloc_tuned"
+    assert tuned.group == case.group  # compared side by side with the default allocator
+    assert tuned.label == "asyncio_protocol+tuned_malloc"
+
+
+def test_parse_mallocs_and_bool():
+    assert plugin.parse_mallocs("default,tuned") == ("default", "tuned")
+    with pytest.raises(ValueError, match="not an allocator setting"):
+        plugin.parse_mallocs("jemalloc")
+    assert plugin.parse_bool("yes") and plugin.parse_bool("1") and not plugin.parse_bool("no")
+    with pytest.raises(ValueError):
+        plugin.parse_bool("maybe")
+    assert plugin.MALLOC_ENV["tuned"]["MALLOC_MMAP_THRESHOLD_"] == "1048576"
 
 
 # ---- the measured round, with fakes ------------------------------------------------------
@@ -84,7 +98,7 @@ def result(completed=1000, elapsed=0.1, lg_cpu=0.05, p50=50_000, counts=(500, 50
 
 
 class FakeServer:
-    pid = 4242
+    pid = measured_pid = 4242
     address = ("127.0.0.1", 9)
 
     def check_alive(self):

@@ -21,7 +21,8 @@ import weakref
 from dataclasses import dataclass
 from typing import List, Optional, Tuple, Union
 
-from pyconcbench.serve import Unusable, loopback_address
+from pyconcbench import servers
+from pyconcbench.serve import Unusable, implementation_hook, loopback_address
 
 STDERR_TAIL_LINES = 20
 EXIT_UNUSABLE = 2  # pyconcbench.serve: cannot run as asked (unknown impl, missing dependency)
@@ -124,6 +125,22 @@ def child_servers() -> List[int]:
     return pids
 
 
+def prepare(impl: str) -> None:
+    """Runs the one-time preparation of an external peer (building the Go program, see
+    ``pyconcbench.servers.peers``) in this process, so that it does not count against the
+    server's READY timeout.  Only implementations that run tools on PATH have any; whatever
+    goes wrong here is left for the server to report, in its one line."""
+    spec = servers.IMPLS.get(impl)
+    if spec is None or not spec.tools:
+        return
+    try:
+        hook = implementation_hook(servers.load(impl), "prepare")
+        if hook is not None:
+            hook()
+    except servers.MissingDependency:
+        pass
+
+
 def _reap(proc: subprocess.Popen, stderr, tmpdir: Optional[str]) -> None:
     """Kills the server if it still runs and releases what it held; safe to call twice."""
     if proc.poll() is None:
@@ -208,10 +225,12 @@ class ServerProcess:
         return argv
 
     def start(self) -> "ServerProcess":
-        """Starts the server and waits for its READY line; raises ServerError (killing the
-        process) if it exits or stays silent, ServerUnavailable if it cannot run here."""
+        """Starts the server (after its one-time preparation, see ``prepare``) and waits for
+        its READY line; raises ServerError (killing the process) if it exits or stays silent,
+        ServerUnavailable if it cannot run here."""
         if self._proc is not None:
             raise ServerError("server %r already started" % self.impl)
+        prepare(self.impl)
         if self.transport == "unix" and self.unix_path is None:
             self._tmpdir = tempfile.mkdtemp(prefix="pcb-")
             self.unix_path = os.path.join(self._tmpdir, "echo.sock")
@@ -364,6 +383,15 @@ class ServerProcess:
         return self._proc.pid
 
     @property
+    def measured_pid(self) -> int:
+        """The process whose CPU and memory are the server's: the worker READY names as
+        ``worker_pid`` (an external peer such as go_net, started by serve), else serve itself."""
+        worker = (self.ready or {}).get("worker_pid")
+        if isinstance(worker, int) and not isinstance(worker, bool) and worker > 0:
+            return worker
+        return self.pid
+
+    @property
     def address(self) -> Union[Tuple[str, int], str]:
         """(host, port) for TCP, the socket path for UNIX."""
         if self.ready is None:
@@ -382,7 +410,8 @@ class ServerProcess:
             ))
 
     def cpu_times(self) -> Tuple[float, float]:
-        """The server's own (user, system) CPU seconds so far, children excluded."""
+        """The server's own (user, system) CPU seconds so far, children excluded (of
+        ``measured_pid``: serve, or the worker doing its serving)."""
         stat = self._read_proc("stat")
         # Fields 14 and 15 (utime, stime), counted after the parenthesised command name.
         fields = stat[stat.rindex(")") + 2:].split()
@@ -390,9 +419,11 @@ class ServerProcess:
         return int(fields[11]) / ticks, int(fields[12]) / ticks
 
     def rss_kib(self) -> int:
+        """Resident memory of ``measured_pid`` now."""
         return self._status_kib("VmRSS")
 
     def peak_rss_kib(self) -> int:
+        """Peak resident memory of ``measured_pid`` so far."""
         return self._status_kib("VmHWM")
 
     def stderr_text(self) -> str:
@@ -411,16 +442,17 @@ class ServerProcess:
             if line.startswith(key + ":"):
                 return int(line.split()[1])
         self.check_alive()
-        raise ServerError("no %s in /proc/%d/status" % (key, self._proc.pid))
+        raise ServerError("no %s in /proc/%d/status" % (key, self.measured_pid))
 
     def _read_proc(self, name: str) -> str:
         self.check_alive()
+        pid = self.measured_pid
         try:
-            with open("/proc/%d/%s" % (self._proc.pid, name)) as f:
+            with open("/proc/%d/%s" % (pid, name)) as f:
                 return f.read()
         except OSError as exc:
             self.check_alive()
-            raise ServerError("cannot read /proc/%d/%s: %s" % (self._proc.pid, name, exc)) from None
+            raise ServerError("cannot read /proc/%d/%s: %s" % (pid, name, exc)) from None
 
     def _with_stderr(self, message: str) -> str:
         tail = self.stderr_text().rstrip().splitlines()[-STDERR_TAIL_LINES:]

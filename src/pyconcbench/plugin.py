@@ -18,8 +18,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import pytest
 
-from . import harness, loadgen, machine, servers
-from .summary import echo_table, size_label
+from . import harness, loadgen, machine, servers, syscalls
+from .summary import echo_table, size_label, syscall_table
 
 # ---- settings ---------------------------------------------------------------------------
 
@@ -111,6 +111,31 @@ def parse_seconds(text: str) -> float:
     return value
 
 
+MALLOC_ENV = {
+    "default": {},
+    # glibc: keep the 256 KiB buffers an asyncio transport reads into on the heap instead of
+    # mapping, remapping and unmapping each one (mmap/mremap/munmap per message).
+    "tuned": {"MALLOC_MMAP_THRESHOLD_": "1048576", "MALLOC_TRIM_THRESHOLD_": "8388608"},
+}
+
+
+def parse_mallocs(text: str) -> Tuple[str, ...]:
+    out = _items(text)
+    for part in out:
+        if part not in MALLOC_ENV:
+            raise ValueError(f"{part!r} is not an allocator setting ({', '.join(MALLOC_ENV)})")
+    return tuple(dict.fromkeys(out))
+
+
+def parse_bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "yes", "true", "on"):
+        return True
+    if value in ("0", "no", "false", "off", ""):
+        return False
+    raise ValueError(f"{text!r} is not yes or no")
+
+
 def parse_profile(text: str) -> str:
     if text not in PROFILES:
         raise ValueError(f"{text!r} is not a profile ({', '.join(PROFILES)})")
@@ -142,7 +167,10 @@ class Profile:
 
 
 def _profile_quick() -> Profile:
-    return Profile(cases=tuple((c, 64, "tcp") for c in (10, 100, 1000)), rounds=5, min_messages=20_000)
+    # UNIX sockets at 100 connections: ~1.4 us of kernel work per send+recv against ~6 us for
+    # loopback TCP, so the concurrency model's own cost shows far more clearly.
+    cases = tuple((c, 64, "tcp") for c in (10, 100, 1000)) + ((100, 64, "unix"),)
+    return Profile(cases=cases, rounds=5, min_messages=20_000)
 
 
 def _profile_full() -> Profile:
@@ -172,6 +200,11 @@ OPTIONS: Dict[str, Tuple[Callable[[str], Any], Optional[str], str, str]] = {
     "rounds": (parse_positive_int, None, "measured rounds per benchmark (default: the profile's)", "N"),
     "cpus": (parse_cpus, None, "SERVER_CPU,LOADGEN_CPU to pin to, or 'none' (default: 0,1, or the "
              "first two CPUs this process may use; pinning off with only one)", "A,B"),
+    "malloc": (parse_mallocs, "default", "allocator settings of the server: default, tuned "
+               "(glibc MALLOC_MMAP_THRESHOLD_/MALLOC_TRIM_THRESHOLD_), or both; tuned adds "
+               "-malloc_tuned to the test id", "LIST"),
+    "syscalls": (parse_bool, "no", "count the server's syscalls and context switches per round trip "
+                 "(perf, else strace; slows the server)", "yes|no"),
     "noise-retries": (parse_positive_int, "3", "how often a noisy round is measured again", "N"),
     "stall-timeout": (parse_seconds, "10", "fail a round when no round trip completes for this long", "SECONDS"),
 }
@@ -188,6 +221,8 @@ class Settings:
     cpus: Optional[Tuple[int, int]]
     noise_retries: int
     stall_timeout: float
+    mallocs: Tuple[str, ...] = ("default",)
+    syscalls: bool = False
     pinning_note: str = ""
     sources: Dict[str, str] = field(default_factory=dict)
 
@@ -258,6 +293,8 @@ def resolve_settings(config: pytest.Config) -> Settings:
         cpus=cpus,
         noise_retries=values["noise-retries"],
         stall_timeout=values["stall-timeout"],
+        mallocs=values["malloc"],
+        syscalls=values["syscalls"],
         pinning_note=note,
         sources=sources,
     )
@@ -299,6 +336,7 @@ class EchoCase:
     connections: int
     size: int
     transport: str
+    malloc: str = "default"
 
     @property
     def scale(self) -> str:
@@ -307,7 +345,14 @@ class EchoCase:
 
     @property
     def id(self) -> str:
-        return f"{self.impl}-{self.scale}"
+        """Baseline key: ``impl-cN-SIZE[-unix][-malloc_tuned]``."""
+        suffix = "" if self.malloc == "default" else f"-malloc_{self.malloc}"
+        return f"{self.impl}-{self.scale}{suffix}"
+
+    @property
+    def label(self) -> str:
+        """The implementation as the summary table names it."""
+        return self.impl if self.malloc == "default" else f"{self.impl}+{self.malloc}_malloc"
 
     @property
     def group(self) -> str:
@@ -318,13 +363,10 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "echo_case" not in metafunc.fixturenames:
         return
     settings = metafunc.config.stash[SETTINGS_KEY]
-    impls = settings.impls
-    wanted = getattr(metafunc.function, "pcb_impls", None)
-    if wanted is not None:
-        impls = tuple(i for i in impls if i in wanted) or tuple(wanted)
     params = []
-    for (conns, size, transport), impl in itertools.product(settings.cases, impls):
-        case = EchoCase(impl, conns, size, transport)
+    for (conns, size, transport), impl, malloc in itertools.product(
+            settings.cases, settings.impls, settings.mallocs):
+        case = EchoCase(impl, conns, size, transport, malloc)
         params.append(pytest.param(
             case, id=case.id, marks=pytest.mark.benchmark(group=case.group, timer=ROUND_CLOCK)))
     metafunc.parametrize("echo_case", params)
@@ -427,11 +469,11 @@ class EchoRunner:
         for attempt in range(self.settings.noise_retries + 1):
             probe_before = self._probe()
             self.server.check_alive()
-            before = machine.snapshot(self.server.pid)
+            before = machine.snapshot(self.server.measured_pid)
             started = time.perf_counter()
             result = session.round()
             finished = time.perf_counter()
-            after = machine.snapshot(self.server.pid)
+            after = machine.snapshot(self.server.measured_pid)
             probe_after = self._probe()
             rec = RoundRecord(
                 result=result,
@@ -449,10 +491,24 @@ class EchoRunner:
             self.rejected.append(rec)
 
     def run(self, benchmark: Any) -> "EchoOutcome":
+        counts = None
         with loadgen.LoadSession(self.spec) as session:
-            benchmark.pedantic(self.one_round, args=(session,), rounds=self.settings.rounds,
-                               iterations=1, warmup_rounds=0)
+            counter = None
+            if self.settings.syscalls:
+                counter = syscalls.SyscallCounter(self.server.measured_pid).start()
+            try:
+                benchmark.pedantic(self.one_round, args=(session,), rounds=self.settings.rounds,
+                                   iterations=1, warmup_rounds=0)
+            finally:
+                if counter is not None:
+                    counts = counter.stop()
         outcome = EchoOutcome.from_records(self, session.connect_seconds)
+        if counts is not None:
+            # every round trip in the counted window, rejected noisy rounds included
+            messages = sum(r.result.completed for r in self.records + self.rejected)
+            outcome.extra["syscalls_tool"] = counter.tool
+            outcome.extra["syscalls_per_msg"] = syscalls.per_message(counts, messages)
+            outcome.extra["syscalls_note"] = "counted with tracing on: rates are lower than without"
         outcome.fill(benchmark.extra_info)
         return outcome
 
@@ -497,6 +553,8 @@ class EchoOutcome:
         case = runner.case
         extra: Dict[str, Any] = {
             "impl": case.impl,
+            "label": case.label,
+            "malloc": case.malloc,
             "connections": case.connections,
             "size": case.size,
             "transport": case.transport,
@@ -526,8 +584,8 @@ class EchoOutcome:
             "server_user_share": None if user_share is None else round(user_share, 3),
             "server_cpu_us_per_msg": round(s_cpu / completed * 1e6, 3) if completed else None,
             "loadgen_cpu_us_per_msg": round(l_cpu / completed * 1e6, 3) if completed else None,
-            "server_rss_kib": machine.proc_status_kib(server.pid, "VmRSS"),
-            "server_rss_peak_kib": machine.proc_status_kib(server.pid, "VmHWM"),
+            "server_rss_kib": machine.proc_status_kib(server.measured_pid, "VmRSS"),
+            "server_rss_peak_kib": machine.proc_status_kib(server.measured_pid, "VmHWM"),
             "pinning": runner.settings.pinning_note,
             "probe_baseline_ns": runner.probe_baseline,
             "noisy_rounds_rejected": len(runner.rejected),
@@ -584,6 +642,13 @@ def pcb_probe_baseline(pcb_settings: Settings) -> Optional[float]:
 
 
 SERVER_REPORTED_KEY = pytest.StashKey[bool]()
+SYSCALL_TOOL_KEY = pytest.StashKey[Optional[str]]()
+
+
+def _syscall_tool(config: pytest.Config) -> Optional[str]:
+    if SYSCALL_TOOL_KEY not in config.stash:
+        config.stash[SYSCALL_TOOL_KEY] = syscalls.available_tool()
+    return config.stash[SYSCALL_TOOL_KEY]
 
 
 @pytest.fixture
@@ -595,7 +660,7 @@ def echo_server(request: pytest.FixtureRequest, echo_case: EchoCase, pcb_setting
         pytest.fail(str(exc), pytrace=False)
     cpus = pcb_settings.cpus
     server = harness.ServerProcess(echo_case.impl, transport=echo_case.transport,
-                                   cpu=cpus[0] if cpus else None)
+                                   cpu=cpus[0] if cpus else None, env=MALLOC_ENV[echo_case.malloc])
     try:
         server.start()
     except harness.ServerUnavailable as exc:
@@ -619,6 +684,8 @@ def echo_bench(request: pytest.FixtureRequest, benchmark: Any, echo_case: EchoCa
     """Call it to run the measured rounds; returns the EchoOutcome (also in extra_info)."""
 
     def run() -> EchoOutcome:
+        if pcb_settings.syscalls and _syscall_tool(request.config) is None:
+            pytest.skip("--pcb-syscalls needs perf (linux-perf) or strace on PATH")
         runner = EchoRunner(pcb_settings, echo_case, echo_server, pcb_probe_baseline)
         failure = None
         try:
@@ -660,5 +727,5 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     if not rows:
         return
     terminalreporter.write_sep("-", "pyconcbench echo results")
-    for line in echo_table(rows):
+    for line in echo_table(rows) + syscall_table(rows):
         terminalreporter.write_line(line)

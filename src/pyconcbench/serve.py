@@ -6,6 +6,13 @@ stdout carries exactly two lines, each a JSON object: ``READY {...}`` once the s
 and the usage report after the server stops (on SIGTERM, SIGINT, SIGHUP or parent death).
 Exit codes: 0 stopped cleanly; 1 the implementation raised; 2 it cannot run as asked (bad
 arguments, unknown implementation, missing dependency, non-loopback host, bind failure).
+
+An implementation whose work runs in another process (an external peer: ``go_net``,
+``node_net``) defines two optional hooks beside ``serve`` in its module:
+``start(sock, stats) -> pid`` is called before READY, which then carries that pid as
+``"worker_pid"`` (the process the harness measures); ``usage() -> dict`` is called after
+``serve`` returns, and its ``user``, ``system`` and ``maxrss_kib`` replace this process's own
+in the usage report.  See ``pyconcbench.servers.peers``.
 """
 from __future__ import annotations
 
@@ -191,6 +198,13 @@ class StopPipe:
         os.close(self.write_fd)
 
 
+def implementation_hook(serve, name: str):
+    """The optional hook ``name`` (``start``, ``usage``) defined in the module of an
+    implementation's ``serve`` function, or None."""
+    module = sys.modules.get(getattr(serve, "__module__", None) or "")
+    return getattr(module, name, None)
+
+
 def _emit(channel, line: str) -> bool:
     """Writes one line to the protocol channel; False when the reader is gone."""
     try:
@@ -199,6 +213,17 @@ def _emit(channel, line: str) -> bool:
         return True
     except (BrokenPipeError, ValueError):
         return False
+
+
+def _usage(serve) -> dict:
+    """CPU seconds and peak RSS of whatever did the serving: the worker process an
+    implementation's ``usage`` hook reports on, else this process."""
+    hook = implementation_hook(serve, "usage")
+    worker = hook() if hook is not None else None
+    if worker is not None:
+        return {name: worker[name] for name in ("user", "system", "maxrss_kib")}
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return {"user": usage.ru_utime, "system": usage.ru_stime, "maxrss_kib": usage.ru_maxrss}
 
 
 def main(argv=None) -> int:
@@ -248,8 +273,19 @@ def main(argv=None) -> int:
             "cpu": sorted(os.sched_getaffinity(0)),
             "python": sys.version.split()[0],
         }
+        start = implementation_hook(serve, "start")
+        if start is not None:
+            try:
+                ready["worker_pid"] = start(sock, stats)
+            except servers.MissingDependency as exc:
+                print("%s: %s" % (PROG, exc), file=sys.stderr)
+                return EXIT_UNUSABLE
+            except Exception as exc:
+                print("%s: %s failed to start: %s: %s" % (PROG, args.impl, type(exc).__name__, exc),
+                      file=sys.stderr)
+                return EXIT_FAILED
         if not _emit(channel, "READY " + json.dumps(ready)):
-            return EXIT_FAILED
+            return EXIT_FAILED  # a started worker dies with us (its parent-death signal)
         try:
             serve(sock, stop.read_fd, stats)
         except Exception as exc:
@@ -257,12 +293,9 @@ def main(argv=None) -> int:
                   file=sys.stderr)
             status = EXIT_FAILED
         stop.ignore_more()
-        usage = resource.getrusage(resource.RUSAGE_SELF)
         report = {
             "impl": args.impl,
-            "user": usage.ru_utime,
-            "system": usage.ru_stime,
-            "maxrss_kib": usage.ru_maxrss,
+            **_usage(serve),
             "accepted": stats.accepted,
             "bytes": stats.bytes,
             "errors": stats.errors,

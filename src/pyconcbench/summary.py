@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 BASELINE = "native_epoll"
+WIDTH = 30  # implementation column: fits "asyncio_protocol+tuned_malloc"
 
 
 def size_label(size: int) -> str:
@@ -33,12 +34,12 @@ def echo_table(rows: Iterable[Dict[str, Any]]) -> List[str]:
     groups: Dict[Tuple[str, int, int], List[Dict[str, Any]]] = {}
     for row in rows:
         groups.setdefault(_scale_key(row), []).append(row)
-    header = (f"{'implementation':<18} {'msgs/s':>11} {'x native':>8} {'p50 us':>8} {'p99 us':>8} "
+    header = (f"{'implementation':<{WIDTH}} {'msgs/s':>11} {'x native':>8} {'p50 us':>8} {'p99 us':>8} "
               f"{'srv us/msg':>10} {'overhead':>8} {'user%':>5} {'srv cpu':>7} {'lg cpu':>6}  notes")
     lines: List[str] = []
     for (transport, size, conns), group in sorted(groups.items()):
         group.sort(key=lambda r: -r["msgs_per_s"])
-        base = next((r for r in group if r["impl"] == BASELINE), None)
+        base = next((r for r in group if r.get("label", r["impl"]) == BASELINE), None)
         lines.append("")
         lines.append(f"echo {conns} connections x {size_label(size)} over {transport}")
         lines.append(header)
@@ -58,10 +59,33 @@ def echo_table(rows: Iterable[Dict[str, Any]]) -> List[str]:
             user = r.get("server_user_share")
             rate = ("≥" if bound else "") + f"{r['msgs_per_s']:,.0f}"
             lines.append(
-                f"{r['impl']:<18} {rate:>11} {_fmt(ratio, '.2f'):>8} {r['latency_p50_us']:>8.1f} "
+                f"{r.get('label', r['impl']):<{WIDTH}} {rate:>11} {_fmt(ratio, '.2f'):>8} {r['latency_p50_us']:>8.1f} "
                 f"{r['latency_p99_us']:>8.1f} {_fmt(r.get('server_cpu_us_per_msg'), '.2f'):>10} "
                 f"{_fmt(overhead, '+.2f'):>8} {_fmt(None if user is None else user * 100, '.0f'):>5} "
                 f"{r['server_cpu_share'] * 100:>6.0f}% {r['loadgen_cpu_share'] * 100:>5.0f}%  "
                 + "; ".join(notes)
             )
+    return lines
+
+
+def syscall_table(rows: Iterable[Dict[str, Any]], top: int = 6) -> List[str]:
+    """Syscalls per round trip for the rows that counted them (``--pcb-syscalls``)."""
+    lines: List[str] = []
+    for row in rows:
+        per = row.get("syscalls_per_msg")
+        if not per:
+            continue
+        if not lines:
+            lines += ["", "syscalls per round trip (counted with tracing on; rates then are lower)"]
+        named = [(k, v) for k, v in per.items()
+                 if k not in ("total", "other", "context_switches", "cpu_migrations")]
+        calls = ", ".join(f"{k} {v:.2f}" for k, v in named[:top])
+        extra = []
+        if per.get("other"):
+            extra.append(f"other {per['other']:.2f}")
+        if "context_switches" in per:
+            extra.append(f"context switches {per['context_switches']:.3f}")
+        scale = f"c{row['connections']}-{size_label(row['size'])}" + ("-unix" if row["transport"] == "unix" else "")
+        lines.append(f"{row.get('label', row['impl']):<{WIDTH}} {scale:<16} total {per.get('total', 0):6.2f}: "
+                     + calls + ("; " + "; ".join(extra) if extra else ""))
     return lines

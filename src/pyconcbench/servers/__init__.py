@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import shutil
 from typing import Callable, NamedTuple, Tuple
 
 
@@ -15,6 +16,7 @@ class Impl(NamedTuple):
     module: str  # relative to this package
     requires: Tuple[str, ...]  # distributions (pip names) the module imports
     description: str
+    tools: Tuple[str, ...] = ()  # programs that must be on PATH (peers outside Python)
 
 
 IMPLS = {
@@ -22,13 +24,38 @@ IMPLS = {
     "native_threads": Impl("native_threads", (), "C, one OS thread per connection, blocking I/O"),
     "asyncio_protocol": Impl("asyncio_protocol", (), "asyncio default loop, Protocol callbacks"),
     "asyncio_streams": Impl("asyncio_streams", (), "asyncio default loop, StreamReader/Writer"),
+    "asyncio_sockets": Impl("asyncio_sockets", (), "asyncio default loop, loop.sock_recv/sock_sendall"),
+    "asyncio_buffered": Impl("asyncio_buffered", (), "asyncio default loop, BufferedProtocol"),
+    "uvloop_protocol": Impl("uvloop_protocol", ("uvloop",), "uvloop, Protocol callbacks"),
+    "uvloop_streams": Impl("uvloop_streams", ("uvloop",), "uvloop, StreamReader/Writer"),
+    "uvloop_sockets": Impl("uvloop_sockets", ("uvloop",), "uvloop, loop.sock_recv/sock_sendall"),
+    "uvloop_buffered": Impl("uvloop_buffered", ("uvloop",), "uvloop, BufferedProtocol"),
     "selectors": Impl("selectors", (), "one thread, selectors.DefaultSelector, non-blocking"),
+    "threads": Impl("threads", (), "one OS thread per connection, blocking sockets"),
+    "gevent": Impl("gevent", ("gevent",), "gevent StreamServer, one greenlet per connection"),
+    "tornado": Impl("tornado", ("tornado",), "Tornado 6 TCPServer and IOStream"),
+    "twisted": Impl("twisted", ("twisted",), "Twisted Protocol on the default reactor"),
+    "twisted_epoll": Impl("twisted_epoll", ("twisted",), "Twisted Protocol on the epoll reactor"),
+    "trio": Impl("trio", ("trio",), "trio.serve_listeners, one task per connection"),
+    "anyio": Impl("anyio", ("anyio",), "anyio on asyncio, one task per connection"),
+    "curio": Impl("curio", ("curio",), "curio, one task per connection"),
+    "go_net": Impl("go_net", (), "Go net.Conn Read/Write loop, GOMAXPROCS=1", ("go",)),
+    "node_net": Impl("node_net", (), "Node.js net.createServer", ("node",)),
 }
 
 #: listen() backlog for servers whose framework calls listen() again on the socket it is given
 #: (asyncio's create_server does, with 100 unless told otherwise: at 10k connections the
 #: overflowing accept queue silently drops handshakes).  The kernel clamps it to somaxconn.
 BACKLOG = 65535
+
+
+def asyncio_backlog() -> int:
+    """The backlog to give asyncio's create_server/start_server.  asyncio uses it twice: for
+    listen(), and as how many accept() calls one readiness event may make -- and when accept()
+    fails with EMFILE it logs a traceback for every remaining one of them (CPython 3.9-3.13)
+    before backing off.  1024 keeps that storm small and is still twice the load generator's
+    connects in flight (512), so 10k connections are accepted without dropped handshakes."""
+    return min(BACKLOG, 1024)
 
 # How a required distribution is imported and which pyconcbench extra installs it, where either
 # differs from the distribution's own name.
@@ -73,6 +100,11 @@ def load(impl: str) -> ServeFunc:
         raise UnknownImpl(
             "unknown implementation %r; known: %s" % (impl, ", ".join(IMPLS))
         ) from None
+    for tool in spec.tools:
+        if shutil.which(tool) is None:
+            raise MissingDependency(
+                "implementation %r needs %r on PATH (not found)" % (impl, tool)
+            )
     for dist in spec.requires:
         if importlib.util.find_spec(_IMPORT_NAMES.get(dist, dist)) is None:
             raise MissingDependency(

@@ -1,11 +1,17 @@
-"""Echo server on asyncio's Protocol/Transport callbacks: no coroutine per connection."""
+"""Echo server on asyncio's Protocol/Transport callbacks: no coroutine per connection.
+
+Also the pieces the other asyncio and uvloop servers share: the shutdown helpers and ``run``,
+which runs a server coroutine on asyncio's default loop or on one a factory makes (uvloop).
+"""
 from __future__ import annotations
 
 import asyncio
 import socket
-from typing import Awaitable, Callable
+import sys
+from typing import Any, Awaitable, Callable, Coroutine, Optional
 
-from pyconcbench.servers import BACKLOG, Stats
+from pyconcbench import servers
+from pyconcbench.servers import Stats
 
 # Bounds the wait for connections to finish closing at shutdown (asyncio.Server.wait_closed
 # waits for every connection on 3.12+).
@@ -40,10 +46,10 @@ class Connections:
             await asyncio.sleep(0)  # lets connection_lost callbacks and late accepts run
 
 
-class EchoProtocol(asyncio.Protocol):
-    """Writes back whatever it receives.  While the transport's write buffer is above its
-    high-water mark, reading is paused, so a client that does not read cannot make the server
-    buffer without bound."""
+class EchoBase:
+    """What every echo protocol does besides echoing: count, track its transport, and pause
+    reading while the transport's write buffer is above its high-water mark, so a client that
+    does not read cannot make the server buffer without bound."""
 
     def __init__(self, stats: Stats, connections: Connections) -> None:
         self._stats = stats
@@ -60,10 +66,6 @@ class EchoProtocol(asyncio.Protocol):
         if exc is not None and not isinstance(exc, (ConnectionResetError, BrokenPipeError)):
             self._stats.errors += 1
 
-    def data_received(self, data: bytes) -> None:
-        self._transport.write(data)
-        self._stats.bytes += len(data)
-
     def eof_received(self) -> bool:
         return False  # close once the pending echo is flushed
 
@@ -72,6 +74,14 @@ class EchoProtocol(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._transport.resume_reading()
+
+
+class EchoProtocol(EchoBase, asyncio.Protocol):
+    """Writes back whatever it receives."""
+
+    def data_received(self, data: bytes) -> None:
+        self._stats.bytes += len(data)
+        self._transport.write(data)
 
 
 async def wait_readable(fd: int) -> None:
@@ -90,18 +100,20 @@ async def wait_readable(fd: int) -> None:
         loop.remove_reader(fd)
 
 
-async def serve_async(sock: socket.socket, stop_fd: int, stats: Stats) -> None:
-    """Serves on the running loop (any asyncio loop, uvloop included) until stop_fd is readable."""
+async def serve_async(sock: socket.socket, stop_fd: int, stats: Stats,
+                      protocol: Callable[[Stats, Connections], EchoBase] = EchoProtocol) -> None:
+    """Serves on the running loop (any asyncio loop, uvloop included) until stop_fd is readable,
+    one ``protocol(stats, connections)`` per connection."""
     loop = asyncio.get_running_loop()
     connections = Connections()
 
-    def factory() -> EchoProtocol:
-        return EchoProtocol(stats, connections)
+    def factory() -> EchoBase:
+        return protocol(stats, connections)
 
     if sock.family == socket.AF_UNIX:
-        server = await loop.create_unix_server(factory, sock=sock, backlog=BACKLOG)
+        server = await loop.create_unix_server(factory, sock=sock, backlog=servers.asyncio_backlog())
     else:
-        server = await loop.create_server(factory, sock=sock, backlog=BACKLOG)
+        server = await loop.create_server(factory, sock=sock, backlog=servers.asyncio_backlog())
     await serve_until_stopped(server, stop_fd, connections.abort_all)
 
 
@@ -119,5 +131,36 @@ async def serve_until_stopped(server: asyncio.AbstractServer, stop_fd: int,
             pass
 
 
+def run(main: Coroutine[Any, Any, None],
+        loop_factory: Optional[Callable[[], asyncio.AbstractEventLoop]] = None) -> None:
+    """Runs ``main`` to completion as asyncio.run does, on a new loop from ``loop_factory``
+    (asyncio's default loop when None), then cancels what is left and closes the loop."""
+    if loop_factory is None:
+        asyncio.run(main)
+    elif sys.version_info >= (3, 11):
+        with asyncio.Runner(loop_factory=loop_factory) as runner:
+            runner.run(main)
+    else:
+        loop = loop_factory()
+        try:
+            asyncio.set_event_loop(loop)
+            loop.run_until_complete(main)
+        finally:
+            try:
+                _cancel_all_tasks(loop)
+                loop.run_until_complete(loop.shutdown_asyncgens())
+            finally:
+                asyncio.set_event_loop(None)
+                loop.close()
+
+
+def _cancel_all_tasks(loop: asyncio.AbstractEventLoop) -> None:
+    tasks = [task for task in asyncio.all_tasks(loop) if not task.done()]
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+
+
 def serve(sock: socket.socket, stop_fd: int, stats: Stats) -> None:
-    asyncio.run(serve_async(sock, stop_fd, stats))
+    run(serve_async(sock, stop_fd, stats))

@@ -4,8 +4,11 @@ from __future__ import annotations
 import asyncio
 import socket
 
-from pyconcbench.servers import BACKLOG, Stats
-from pyconcbench.servers.asyncio_protocol import CLOSE_TIMEOUT, Connections, serve_until_stopped
+from pyconcbench import servers
+from pyconcbench.servers import Stats
+from pyconcbench.servers.asyncio_protocol import (
+    CLOSE_TIMEOUT, Connections, run, serve_until_stopped,
+)
 
 READ_SIZE = 65536
 
@@ -17,8 +20,8 @@ async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, stats
             data = await reader.read(READ_SIZE)
             if not data:
                 break
-            writer.write(data)
             stats.bytes += len(data)
+            writer.write(data)
             await writer.drain()
     except (ConnectionResetError, BrokenPipeError):
         pass
@@ -61,12 +64,13 @@ class EchoServer:
 async def serve_async(sock: socket.socket, stop_fd: int, stats: Stats) -> None:
     """Serves on the running loop (any asyncio loop, uvloop included) until stop_fd is readable."""
     echo_server = EchoServer(stats)
+    backlog = servers.asyncio_backlog()
     if sock.family == socket.AF_UNIX:
-        server = await asyncio.start_unix_server(echo_server.connected, sock=sock, backlog=BACKLOG)
+        server = await asyncio.start_unix_server(echo_server.connected, sock=sock, backlog=backlog)
     else:
-        server = await asyncio.start_server(echo_server.connected, sock=sock, backlog=BACKLOG)
+        server = await asyncio.start_server(echo_server.connected, sock=sock, backlog=backlog)
     await serve_until_stopped(server, stop_fd, echo_server.close)
 
 
 def serve(sock: socket.socket, stop_fd: int, stats: Stats) -> None:
-    asyncio.run(serve_async(sock, stop_fd, stats))
+    run(serve_async(sock, stop_fd, stats))

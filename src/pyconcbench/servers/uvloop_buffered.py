@@ -1,0 +1,14 @@
+"""asyncio_buffered's echo server (BufferedProtocol, one preallocated buffer per connection),
+the same code, on a uvloop event loop (libuv) instead of asyncio's default loop."""
+from __future__ import annotations
+
+import socket
+
+import uvloop
+
+from pyconcbench.servers import Stats, asyncio_buffered
+from pyconcbench.servers.asyncio_protocol import run
+
+
+def serve(sock: socket.socket, stop_fd: int, stats: Stats) -> None:
+    run(asyncio_buffered.serve_async(sock, stop_fd, stats), loop_factory=uvloop.new_event_loop)
