@@ -55,7 +55,8 @@ def test_profile_round_sizes():
     quick = plugin.PROFILES["quick"]()
     assert quick.cases == ((10, 64, "tcp"), (100, 64, "tcp"), (1000, 64, "tcp"), (100, 64, "unix"))
     assert quick.messages_for(10, 64) == 20_000
-    assert quick.messages_for(5000, 64) == 100_000          # 20 per connection
+    assert quick.messages_for(2000, 64) == 40_000           # 20 per connection
+    assert quick.messages_for(5000, 64) == 25_000           # 5 per connection from 3,000 on
     assert quick.messages_for(10, 100 * 1024) == 2621        # ~256 MiB of payload
     assert quick.messages_for(10, 1 << 20) == 256
 

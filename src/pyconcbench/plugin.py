@@ -158,12 +158,19 @@ class Profile:
     min_messages: int
 
     def messages_for(self, connections: int, size: int) -> int:
-        """Round trips per round: enough that each connection does ~20 per round, and large
-        messages capped near 256 MiB of payload per round."""
-        n = max(self.min_messages, 20 * connections)
+        """Round trips per round: ~20 per connection (5 from 3,000 connections on, where the
+        slow models manage a few thousand a second), and large messages capped near 256 MiB
+        of payload per round."""
+        per = per_connection(connections)
+        n = max(self.min_messages, per * connections)
         if size > 1024:
-            n = max(20 * connections, min(n, (256 << 20) // size))
+            n = max(per * connections, min(n, (256 << 20) // size))
         return n
+
+
+def per_connection(connections: int) -> int:
+    """Round trips each connection makes per round (and, times 2/5, in the warm-up)."""
+    return 20 if connections < 3000 else 5
 
 
 def _profile_quick() -> Profile:
@@ -434,7 +441,7 @@ class EchoRunner:
         address = server.address
         common = dict(
             connections=case.connections, size=case.size, messages=messages, duration=duration,
-            warmup_messages=max(2000, 4 * case.connections) if messages else 0,
+            warmup_messages=max(2000, per_connection(case.connections) * case.connections // 5) if messages else 0,
             warmup_seconds=0.0 if messages else min(1.0, duration),
             cpu=cpus[1] if cpus else None, stall_timeout=settings.stall_timeout,
             connect_timeout=max(30.0, case.connections / 200.0),
