@@ -6,6 +6,7 @@ print; they count into ``stats``.  Adding a model is one ``IMPLS`` line plus one
 """
 from __future__ import annotations
 
+import errno
 import importlib
 import importlib.util
 import shutil
@@ -42,6 +43,17 @@ IMPLS = {
     "go_net": Impl("go_net", (), "Go net.Conn Read/Write loop, GOMAXPROCS=1", ("go",)),
     "node_net": Impl("node_net", (), "Node.js net.createServer", ("node",)),
 }
+
+#: accept() errors about one aborted incoming connection (Linux passes pending network errors
+#: to accept): a server skips it and goes on accepting.
+TRANSIENT_ACCEPT_ERRORS = frozenset(
+    getattr(errno, name)
+    for name in (
+        "ECONNABORTED", "EPROTO", "EPERM", "ENETDOWN", "ENOPROTOOPT", "EHOSTDOWN", "ENONET",
+        "EHOSTUNREACH", "EOPNOTSUPP", "ENETUNREACH", "ETIMEDOUT",
+    )
+    if hasattr(errno, name)
+)
 
 #: listen() backlog for servers whose framework calls listen() again on the socket it is given
 #: (asyncio's create_server does, with 100 unless told otherwise: at 10k connections the

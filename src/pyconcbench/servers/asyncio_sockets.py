@@ -9,24 +9,14 @@ task reads nothing meanwhile: at most one read's worth is buffered per connectio
 from __future__ import annotations
 
 import asyncio
-import errno
 import socket
 
-from pyconcbench.servers import Stats
+from pyconcbench.servers import Stats, TRANSIENT_ACCEPT_ERRORS
 from pyconcbench.servers.asyncio_protocol import CLOSE_TIMEOUT, run, wait_readable
 
 READ_SIZE = 65536
 ACCEPT_PAUSE = 0.01  # seconds without accepting after EMFILE and the like
 
-# accept() errors about one aborted incoming connection: skip it and go on accepting.
-_TRANSIENT_ACCEPT_ERRORS = frozenset(
-    getattr(errno, name)
-    for name in (
-        "ECONNABORTED", "EPROTO", "EPERM", "ENETDOWN", "ENOPROTOOPT", "EHOSTDOWN", "ENONET",
-        "EHOSTUNREACH", "EOPNOTSUPP", "ENETUNREACH", "ETIMEDOUT",
-    )
-    if hasattr(errno, name)
-)
 
 
 async def echo(conn: socket.socket, stats: Stats) -> None:
@@ -69,7 +59,7 @@ class EchoServer:
             try:
                 conn, _ = await loop.sock_accept(self.sock)
             except OSError as exc:
-                if exc.errno in _TRANSIENT_ACCEPT_ERRORS:
+                if exc.errno in TRANSIENT_ACCEPT_ERRORS:
                     continue
                 self.stats.errors += 1  # EMFILE, ENFILE, ENOBUFS, ENOMEM
                 await asyncio.sleep(ACCEPT_PAUSE)

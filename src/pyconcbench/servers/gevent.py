@@ -10,7 +10,6 @@ worth is buffered per connection.  To stop: close the listener, kill every handl
 """
 from __future__ import annotations
 
-import errno
 import socket
 import threading
 
@@ -18,21 +17,12 @@ import gevent
 import gevent.pool
 import gevent.server
 
-from pyconcbench.servers import Stats
+from pyconcbench.servers import Stats, TRANSIENT_ACCEPT_ERRORS
 
 READ_SIZE = 65536
 ACCEPT_PAUSE = 0.01  # seconds without accepting after EMFILE and the like
 KILL_TIMEOUT = 0.5  # for killing every handler greenlet at stop
 
-# accept() errors about one aborted incoming connection: skip it and go on accepting.
-_TRANSIENT_ACCEPT_ERRORS = frozenset(
-    getattr(errno, name)
-    for name in (
-        "ECONNABORTED", "EPROTO", "EPERM", "ENETDOWN", "ENOPROTOOPT", "EHOSTDOWN", "ENONET",
-        "EHOSTUNREACH", "EOPNOTSUPP", "ENETUNREACH", "ETIMEDOUT",
-    )
-    if hasattr(errno, name)
-)
 
 
 class EchoServer(gevent.server.StreamServer):
@@ -50,7 +40,7 @@ class EchoServer(gevent.server.StreamServer):
         try:
             accepted = super().do_read()
         except OSError as exc:
-            if exc.errno not in _TRANSIENT_ACCEPT_ERRORS:
+            if exc.errno not in TRANSIENT_ACCEPT_ERRORS:
                 self.stats.errors += 1
                 # As StreamServer's own retry after an error: stop_accepting() (and so
                 # close()) cancels this timer.

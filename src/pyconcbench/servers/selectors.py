@@ -6,27 +6,16 @@ buffered per connection.
 """
 from __future__ import annotations
 
-import errno
 import selectors  # absolute import: the standard library module, not this one
 import socket
 import time
 
-from pyconcbench.servers import Stats
+from pyconcbench.servers import Stats, TRANSIENT_ACCEPT_ERRORS
 
 READ_SIZE = 65536
 ACCEPT_BATCH = 64  # connections accepted per readiness event, so accepting cannot starve echoing
 ACCEPT_PAUSE = 0.01
 
-# accept() errors about one aborted incoming connection (Linux passes pending network errors
-# to accept): skip it and go on accepting.
-_TRANSIENT_ACCEPT_ERRORS = frozenset(
-    getattr(errno, name)
-    for name in (
-        "ECONNABORTED", "EPROTO", "EPERM", "ENETDOWN", "ENOPROTOOPT", "EHOSTDOWN", "ENONET",
-        "EHOSTUNREACH", "EOPNOTSUPP", "ENETUNREACH", "ETIMEDOUT",
-    )
-    if hasattr(errno, name)
-)
 
 
 class _Conn:
@@ -82,7 +71,7 @@ def _accept(sock, sel, conns, stats, is_tcp) -> bool:
         except (BlockingIOError, InterruptedError):
             return True
         except OSError as exc:
-            if exc.errno in _TRANSIENT_ACCEPT_ERRORS:
+            if exc.errno in TRANSIENT_ACCEPT_ERRORS:
                 continue
             stats.errors += 1  # EMFILE, ENFILE, ENOBUFS, ENOMEM, or worse
             return False

@@ -12,13 +12,12 @@ counter is shared between threads, so none needs a lock on the hot path.
 """
 from __future__ import annotations
 
-import errno
 import select
 import socket
 import threading
 import time
 
-from pyconcbench.servers import Stats
+from pyconcbench.servers import Stats, TRANSIENT_ACCEPT_ERRORS
 
 READ_SIZE = 65536
 STACK_SIZE = 256 * 1024
@@ -26,15 +25,6 @@ ACCEPT_BATCH = 64  # connections accepted per readiness event
 ACCEPT_PAUSE = 0.01  # seconds without accepting after EMFILE, or when no thread can start
 JOIN_TIMEOUT = 0.5  # for all workers together, once their connections are shut down
 
-# accept() errors about one aborted incoming connection: skip it and go on accepting.
-_TRANSIENT_ACCEPT_ERRORS = frozenset(
-    getattr(errno, name)
-    for name in (
-        "ECONNABORTED", "EPROTO", "EPERM", "ENETDOWN", "ENOPROTOOPT", "EHOSTDOWN", "ENONET",
-        "EHOSTUNREACH", "EOPNOTSUPP", "ENETUNREACH", "ETIMEDOUT",
-    )
-    if hasattr(errno, name)
-)
 
 
 class _Conn:
@@ -69,7 +59,7 @@ class _Server:
             except (BlockingIOError, InterruptedError):
                 return True
             except OSError as exc:
-                if exc.errno in _TRANSIENT_ACCEPT_ERRORS:
+                if exc.errno in TRANSIENT_ACCEPT_ERRORS:
                     continue
                 self.stats.errors += 1  # EMFILE, ENFILE, ENOBUFS, ENOMEM
                 return False
