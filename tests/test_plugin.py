@@ -70,6 +70,16 @@ def test_ids_and_profile_matrix(suite):
     ]
 
 
+def test_dimensions_not_given_are_64B_over_tcp(suite):
+    result = suite.runpytest_subprocess("--collect-only", "-q", "--pcb-impl", "selectors",
+                                        "--pcb-profile", "full", "--pcb-conns", "10k")
+    assert collected_ids(result) == ["test_echo[selectors-c10000-64B]"]
+    result = suite.runpytest_subprocess("--collect-only", "-q", "--pcb-impl", "selectors",
+                                        "--pcb-size", "1KiB")
+    assert collected_ids(result) == ["test_echo[selectors-c10-1KiB]", "test_echo[selectors-c100-1KiB]",
+                                     "test_echo[selectors-c1000-1KiB]"]
+
+
 def test_explicit_dimensions_make_a_product(suite):
     result = suite.runpytest_subprocess("--collect-only", "-q", "--pcb-impl", "selectors",
                                         "--pcb-conns", "1k", "--pcb-size", "1KiB,100",
@@ -82,12 +92,12 @@ def test_explicit_dimensions_make_a_product(suite):
 def test_command_line_beats_environment_beats_ini(suite, monkeypatch):
     suite.makeini("[pytest]\npcb_impl = selectors\npcb_conns = 7\n")
     result = suite.runpytest_subprocess("--collect-only", "-q")
-    assert collected_ids(result) == ["test_echo[selectors-c7-64B]", "test_echo[selectors-c7-64B-unix]"]
+    assert collected_ids(result) == ["test_echo[selectors-c7-64B]"]
     monkeypatch.setenv("PCB_CONNS", "8")
     result = suite.runpytest_subprocess("--collect-only", "-q")
-    assert collected_ids(result) == ["test_echo[selectors-c8-64B]", "test_echo[selectors-c8-64B-unix]"]
+    assert collected_ids(result) == ["test_echo[selectors-c8-64B]"]
     result = suite.runpytest_subprocess("--collect-only", "-q", "--pcb-conns", "9")
-    assert collected_ids(result) == ["test_echo[selectors-c9-64B]", "test_echo[selectors-c9-64B-unix]"]
+    assert collected_ids(result) == ["test_echo[selectors-c9-64B]"]
 
 
 def test_full_profile_reaches_the_fd_limit(suite):
@@ -104,7 +114,6 @@ def test_full_profile_reaches_the_fd_limit(suite):
 
 def test_small_benchmark_run_saves_and_compares(suite):
     args = ["-p", "no:cacheprovider", "--pcb-impl", "native_epoll,selectors", "--pcb-conns", "10",
-            "--pcb-transport", "tcp",
             "--pcb-messages", "300", "--pcb-rounds", "2", "--benchmark-autosave",
             "--benchmark-storage", "file://./store"]
     first = suite.runpytest_subprocess(*args, "--benchmark-json", "out.json")
@@ -150,8 +159,7 @@ def test_a_server_that_dies_mid_load_is_one_clear_failure(pytester):
             echo_bench()
     """)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--pcb-impl", "selectors",
-                                           "--pcb-conns", "10", "--pcb-transport", "tcp",
-                                           "--pcb-messages", "100000000",
+                                           "--pcb-conns", "10", "--pcb-messages", "100000000",
                                            "--pcb-stall-timeout", "5", "--benchmark-disable")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([

@@ -57,6 +57,9 @@ def test_profile_round_sizes():
     assert quick.messages_for(10, 64) == 20_000
     assert quick.messages_for(2000, 64) == 40_000           # 20 per connection
     assert quick.messages_for(5000, 64) == 25_000           # 5 per connection from 3,000 on
+    assert quick.messages_for(19_936, 64) == 39_872         # 2 per connection from 10,000 on
+    full = plugin.PROFILES["full"]()
+    assert (full.rounds_for(1000), full.rounds_for(3000), quick.rounds_for(10)) == (7, 3, 5)
     assert quick.messages_for(10, 100 * 1024) == 2621        # ~256 MiB of payload
     assert quick.messages_for(10, 1 << 20) == 256
 

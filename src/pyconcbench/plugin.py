@@ -158,19 +158,25 @@ class Profile:
     min_messages: int
 
     def messages_for(self, connections: int, size: int) -> int:
-        """Round trips per round: ~20 per connection (5 from 3,000 connections on, where the
-        slow models manage a few thousand a second), and large messages capped near 256 MiB
-        of payload per round."""
+        """Round trips per round: ~20 per connection (fewer from 3,000 connections on, where
+        the slowest models manage a few hundred a second), and large messages capped near
+        256 MiB of payload per round."""
         per = per_connection(connections)
         n = max(self.min_messages, per * connections)
         if size > 1024:
             n = max(per * connections, min(n, (256 << 20) // size))
         return n
 
+    def rounds_for(self, connections: int) -> int:
+        """Measured rounds: the profile's, at most 3 from 3,000 connections on."""
+        return self.rounds if connections < 3000 else min(self.rounds, 3)
+
 
 def per_connection(connections: int) -> int:
-    """Round trips each connection makes per round (and, times 2/5, in the warm-up)."""
-    return 20 if connections < 3000 else 5
+    """Round trips each connection makes per round (and, times 1/5, in the warm-up)."""
+    if connections < 3000:
+        return 20
+    return 5 if connections < 10_000 else 2
 
 
 def _profile_quick() -> Profile:
@@ -199,12 +205,14 @@ PROFILES: Dict[str, Callable[[], Profile]] = {"quick": _profile_quick, "full": _
 OPTIONS: Dict[str, Tuple[Callable[[str], Any], Optional[str], str, str]] = {
     "profile": (parse_profile, "quick", "benchmark matrix: quick (minutes) or full (the studies' matrix)", "NAME"),
     "impl": (parse_impls, "all", "implementations to run, comma-separated, or 'all'", "IDS"),
-    "conns": (parse_counts, None, "connection counts, e.g. 10,100,1k,max (default: the profile's)", "COUNTS"),
+    "conns": (parse_counts, None, "connection counts, e.g. 10,100,1k,max (default: the profile's matrix; "
+              "given conns, size and transport make a product, 64 B and tcp where not given)", "COUNTS"),
     "size": (parse_sizes, None, "message sizes, e.g. 64,1KiB,100KiB (default: the profile's)", "SIZES"),
     "transport": (parse_transports, None, "tcp, unix or both (default: the profile's)", "LIST"),
     "messages": (parse_positive_int, None, "round trips per round (default: by profile and scale)", "N"),
     "duration": (parse_seconds, None, "seconds per round instead of a fixed number of round trips", "SECONDS"),
-    "rounds": (parse_positive_int, None, "measured rounds per benchmark (default: the profile's)", "N"),
+    "rounds": (parse_positive_int, None, "measured rounds per benchmark (default: the profile's: quick 5, "
+               "full 7, 3 from 3,000 connections on)", "N"),
     "cpus": (parse_cpus, None, "SERVER_CPU,LOADGEN_CPU to pin to, or 'none' (default: 0,1, or the "
              "first two CPUs this process may use; pinning off with only one)", "A,B"),
     "malloc": (parse_mallocs, "default", "allocator settings of the server: default, tuned "
@@ -224,7 +232,7 @@ class Settings:
     cases: Tuple[Tuple[int, int, str], ...]
     messages: Optional[int]
     duration: Optional[float]
-    rounds: int
+    rounds: Optional[int]  # None: the profile's, by scale
     cpus: Optional[Tuple[int, int]]
     noise_retries: int
     stall_timeout: float
@@ -269,10 +277,12 @@ def resolve_settings(config: pytest.Config) -> Settings:
     cases = list(profile.cases)
     conns, sizes, transports = values["conns"], values["size"], values["transport"]
     if conns or sizes or transports:
+        # The given dimensions make a product; a dimension not given is the profile's
+        # connection counts, 64 B, TCP.
         cases = list(itertools.product(
-            conns or sorted({c for c, _, _ in cases}),
-            sizes or sorted({s for _, s, _ in cases}),
-            transports or sorted({t for _, _, t in cases}),
+            conns or [c for c, s, t in profile.cases if (s, t) == (64, "tcp")],
+            sizes or (64,),
+            transports or ("tcp",),
         ))
     top = loadgen.max_connections()
     too_many = [c for c, _, _ in cases if c > top]
@@ -296,7 +306,7 @@ def resolve_settings(config: pytest.Config) -> Settings:
         cases=tuple(dict.fromkeys(cases)),
         messages=values["messages"],
         duration=values["duration"],
-        rounds=values["rounds"] or profile.rounds,
+        rounds=values["rounds"],
         cpus=cpus,
         noise_retries=values["noise-retries"],
         stall_timeout=values["stall-timeout"],
@@ -332,7 +342,8 @@ def pytest_report_header(config: pytest.Config) -> List[str]:
     settings = config.stash.get(SETTINGS_KEY, None)
     if settings is None:
         return []
-    return [f"pyconcbench: profile {settings.profile}, {settings.rounds} rounds, {settings.pinning_note}"]
+    rounds = settings.rounds or "the profile's"
+    return [f"pyconcbench: profile {settings.profile}, {rounds} rounds, {settings.pinning_note}"]
 
 
 # ---- cases ------------------------------------------------------------------------------
@@ -438,6 +449,8 @@ class EchoRunner:
             messages = settings.messages or PROFILES[settings.profile]().messages_for(case.connections, case.size)
             duration = 0.0
         self.messages = messages
+        profile = PROFILES[settings.profile]()
+        self.rounds = settings.rounds or profile.rounds_for(case.connections)
         address = server.address
         common = dict(
             connections=case.connections, size=case.size, messages=messages, duration=duration,
@@ -445,7 +458,8 @@ class EchoRunner:
             warmup_seconds=0.0 if messages else min(1.0, duration),
             cpu=cpus[1] if cpus else None, stall_timeout=settings.stall_timeout,
             connect_timeout=max(30.0, case.connections / 200.0),
-            deadline=max(120.0, 10 * settings.stall_timeout, 2 * duration + 60),
+            # a hard bound on each phase: slower than 100 round trips a second is a failure
+            deadline=max(120.0, 10 * settings.stall_timeout, 2 * duration + 60, messages / 100.0),
         )
         if case.transport == "unix":
             self.spec = loadgen.LoadSpec(transport="unix", path=address, **common)
@@ -504,7 +518,7 @@ class EchoRunner:
             if self.settings.syscalls:
                 counter = syscalls.SyscallCounter(self.server.measured_pid).start()
             try:
-                benchmark.pedantic(self.one_round, args=(session,), rounds=self.settings.rounds,
+                benchmark.pedantic(self.one_round, args=(session,), rounds=self.rounds,
                                    iterations=1, warmup_rounds=0)
             finally:
                 if counter is not None:
@@ -723,7 +737,7 @@ def pytest_benchmark_update_machine_info(config: pytest.Config, machine_info: Di
     settings = config.stash.get(SETTINGS_KEY, None)
     if settings is not None:
         machine_info["pyconcbench"]["settings"] = {
-            "profile": settings.profile, "rounds": settings.rounds,
+            "profile": settings.profile, "rounds": settings.rounds or "by profile and scale",
             "cpus": list(settings.cpus) if settings.cpus else None,
             "pinning": settings.pinning_note, "noise_retries": settings.noise_retries,
         }

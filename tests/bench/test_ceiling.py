@@ -42,7 +42,7 @@ def test_loadgen_ceiling(connections, benchmark, pcb_settings, ceiling_server):
 
     with loadgen.LoadSession(spec) as session:
         benchmark.pedantic(one_round, setup=lambda: engine_round(session),
-                           rounds=max(pcb_settings.rounds, 9), iterations=1)
+                           rounds=max(pcb_settings.rounds or 0, 9), iterations=1)
 
     completed = sum(r[0] for r in rounds)
     elapsed = sum(r[1] for r in rounds)

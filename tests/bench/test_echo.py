@@ -4,6 +4,11 @@ Parametrized by the pyconcbench plugin over implementation x connections x size 
 (``--pcb-profile``, ``--pcb-impl``, ``--pcb-conns``, ``--pcb-size``, ``--pcb-transport``);
 ids read ``test_echo[asyncio_protocol-c100-64B]``, groups ``echo-c100-64B``.
 """
+import pytest
+
+# The engine bounds every round itself (stall watchdog, per-phase deadline); the slowest
+# models at the full profile's 10k+ connections need far longer than a unit test's timeout.
+pytestmark = pytest.mark.timeout(7200)
 
 
 def test_echo(echo_case, echo_server, echo_bench):

@@ -1,0 +1,272 @@
+"""aiozmq workloads, server and client on one event loop (asyncio's default loop or uvloop):
+
+- ``aiozmq_core``: aiozmq's transport/protocol layer (``aiozmq.create_zmq_connection``, the
+  loop-independent transport), a ROUTER protocol that writes back what it receives and a
+  DEALER protocol that sends the next request from ``msg_received`` -- as the study's core
+  aiozmq benchmark.  The sockets come from this workload's own context.
+- ``aiozmq_rpc``: ``aiozmq.rpc.serve_rpc`` / ``connect_rpc`` and a method that returns its
+  argument, awaited once per request (with k in flight: k coroutines calling concurrently).
+  The argument is the request: its id, then the payload.  aiozmq.rpc's public API takes its
+  sockets from pyzmq's global ``zmq.Context.instance()``: this workload terminates that
+  context after closing its sockets, unless other sockets still live on it.
+"""
+from __future__ import annotations
+
+import asyncio
+from typing import Any, List, Optional
+
+import aiozmq
+import aiozmq.rpc
+import zmq
+
+from ._common import (IPC_NAME, LOOPBACK, FaultyEcho, Ledger, RoundError, Spec, bind, close_loop,
+                      new_loop, run_bounded)
+
+#: How long closing the transports may take before the sockets are closed by force.
+CLOSE_TIMEOUT = 5.0
+
+
+class _Loop:
+    """An event loop of the spec's kind owned by the workload, and the setup/teardown shape."""
+
+    def __init__(self, spec: Spec) -> None:
+        self.spec = spec
+        self.server_pid: Optional[int] = None
+        self.loop: Any = None
+
+    def start(self) -> None:
+        self.loop = new_loop(self.spec.loop)
+        try:
+            self.loop.run_until_complete(self._setup())
+        except (OSError, zmq.ZMQError) as exc:
+            self.stop()
+            raise RoundError("%s: cannot set up the %s sockets: %s" % (self.spec.mode, self.spec.transport, exc)) from None
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        try:
+            if self.loop is not None and not self.loop.is_closed():
+                try:
+                    self.loop.run_until_complete(self._teardown())
+                finally:
+                    close_loop(self.loop)
+        finally:
+            self._release()
+
+    async def _setup(self) -> None:
+        raise NotImplementedError
+
+    async def _teardown(self) -> None:
+        raise NotImplementedError
+
+    def _release(self) -> None:
+        raise NotImplementedError
+
+
+# ---- aiozmq_core --------------------------------------------------------------------------
+
+class _Closing(aiozmq.ZmqProtocol):
+    def __init__(self) -> None:
+        self.transport: Any = None
+        self.closed: Optional[asyncio.Future] = None
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+        self.closed = asyncio.get_running_loop().create_future()
+
+    def connection_lost(self, exc: Optional[Exception]) -> None:
+        if self.closed is not None and not self.closed.done():
+            self.closed.set_result(exc)
+
+
+class _EchoServer(_Closing):
+    def msg_received(self, msg: List[bytes]) -> None:
+        self.transport.write(msg)
+
+
+class _FaultyServer(_Closing):
+    def __init__(self, faulty: FaultyEcho) -> None:
+        super().__init__()
+        self.faulty = faulty
+
+    def msg_received(self, msg: List[bytes]) -> None:
+        out = self.faulty.frames(msg)
+        if self.faulty.stopped:
+            self.transport.close()
+        elif out is not None:
+            self.transport.write(out)
+
+
+class _Client(_Closing):
+    """Sends the next request from msg_received until the round's requests are answered."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ledger: Optional[Ledger] = None
+        self.requests = 0
+        self.sent = 0
+        self.done: Optional[asyncio.Future] = None
+
+    def begin(self, requests: int, inflight: int, ledger: Ledger) -> asyncio.Future:
+        self.ledger = ledger
+        self.requests = requests
+        self.done = asyncio.get_running_loop().create_future()
+        first = min(inflight, requests)
+        self.sent = first
+        write = self.transport.write
+        for _ in range(first):
+            write(ledger.request())
+        return self.done
+
+    def msg_received(self, msg: List[bytes]) -> None:
+        done = self.done
+        if done is None or done.done():
+            return  # outside a round: the next round's ledger reports the unanswered ones
+        ledger = self.ledger
+        try:
+            ledger.reply(msg)
+        except RoundError as exc:
+            done.set_exception(exc)
+            return
+        if self.sent < self.requests:
+            self.sent += 1
+            self.transport.write(ledger.request())
+        elif ledger.answered == self.requests:
+            done.set_result(None)
+
+
+class AiozmqCore(_Loop):
+    def __init__(self, spec: Spec) -> None:
+        super().__init__(spec)
+        self.ctx: Any = None
+        self.socks: List[Any] = []
+        self.server: Any = None
+        self.client: Any = None
+
+    async def _setup(self) -> None:
+        self.ctx = zmq.Context()
+        rsock = self.ctx.socket(zmq.ROUTER)
+        self.socks.append(rsock)
+        rsock.setsockopt(zmq.LINGER, 0)
+        endpoint = bind(rsock, self.spec)
+        dsock = self.ctx.socket(zmq.DEALER)
+        self.socks.append(dsock)
+        dsock.setsockopt(zmq.LINGER, 0)
+        faulty = FaultyEcho(self.spec.fault) if self.spec.fault is not None else None
+        factory = _EchoServer if faulty is None else (lambda: _FaultyServer(faulty))
+        _, self.server = await aiozmq.create_zmq_connection(factory, zmq.ROUTER, zmq_sock=rsock, loop=self.loop)
+        _, self.client = await aiozmq.create_zmq_connection(_Client, zmq.DEALER, zmq_sock=dsock,
+                                                            connect=endpoint, loop=self.loop)
+
+    def problem(self) -> Optional[str]:
+        if self.server is not None and self.server.closed is not None and self.server.closed.done():
+            return "the server transport has closed"
+        return None
+
+    async def _client(self, requests: int, ledger: Ledger) -> None:
+        await self.client.begin(requests, self.spec.inflight, ledger)
+
+    def run(self, requests: int, ledger: Ledger) -> None:
+        run_bounded(self.loop, self._client(requests, ledger), ledger, self.problem)
+
+    async def _teardown(self) -> None:
+        waits = []
+        for proto in (self.client, self.server):
+            if proto is not None and proto.transport is not None:
+                proto.transport.close()
+                waits.append(proto.closed)
+        if waits:
+            await asyncio.wait(waits, timeout=CLOSE_TIMEOUT)
+
+    def _release(self) -> None:
+        for sock in self.socks:
+            if not sock.closed:
+                sock.close(linger=0)
+        if self.ctx is not None and not self.ctx.closed:
+            self.ctx.term()
+
+
+# ---- aiozmq_rpc ---------------------------------------------------------------------------
+
+class _EchoHandler(aiozmq.rpc.AttrHandler):
+    @aiozmq.rpc.method
+    def echo(self, data):
+        return data
+
+
+class _FaultyHandler(aiozmq.rpc.AttrHandler):
+    def __init__(self, faulty: FaultyEcho) -> None:
+        self.faulty = faulty
+
+    @aiozmq.rpc.method
+    async def echo(self, data):
+        out = self.faulty.value(data)
+        if out is None:
+            await asyncio.sleep(3600)  # never answers; cancelled when the server closes
+        return out
+
+
+class AiozmqRpc(_Loop):
+    def __init__(self, spec: Spec) -> None:
+        super().__init__(spec)
+        self.server: Any = None
+        self.client: Any = None
+
+    async def _setup(self) -> None:
+        spec = self.spec
+        if spec.transport == "tcp":
+            where = "tcp://%s:*" % LOOPBACK  # the kernel picks the port, as bind_to_random_port
+        else:
+            where = "ipc://%s/%s" % (spec.ipc_dir, IPC_NAME)
+        handler = _EchoHandler() if spec.fault is None else _FaultyHandler(FaultyEcho(spec.fault))
+        self.server = await aiozmq.rpc.serve_rpc(handler, bind=where, loop=self.loop)
+        self.server.transport.setsockopt(zmq.LINGER, 0)
+        endpoint = next(iter(self.server.transport.bindings()))
+        self.client = await aiozmq.rpc.connect_rpc(connect=endpoint, loop=self.loop)
+        self.client.transport.setsockopt(zmq.LINGER, 0)
+
+    async def _client(self, requests: int, ledger: Ledger) -> None:
+        call = self.client.call.echo
+        request = ledger.request_value
+        reply = ledger.reply_value
+
+        async def caller() -> None:
+            while ledger.sent < requests:
+                idb, data = request()
+                reply(idb, await call(data))
+
+        inflight = min(self.spec.inflight, requests)
+        if inflight == 1:
+            await caller()
+            return
+        callers = [asyncio.ensure_future(caller()) for _ in range(inflight)]
+        try:
+            await asyncio.gather(*callers)
+        finally:
+            for task in callers:
+                task.cancel()
+            await asyncio.gather(*callers, return_exceptions=True)
+
+    def run(self, requests: int, ledger: Ledger) -> None:
+        run_bounded(self.loop, self._client(requests, ledger), ledger)
+
+    async def _teardown(self) -> None:
+        for service in (self.client, self.server):
+            if service is not None:
+                service.close()
+        for service in (self.client, self.server):
+            if service is not None:
+                try:
+                    await asyncio.wait_for(service.wait_closed(), CLOSE_TIMEOUT)
+                except asyncio.TimeoutError:
+                    pass
+
+    def _release(self) -> None:
+        # The services' sockets came from the global context: terminate it unless something
+        # else still has a socket open on it (term() would then wait for that socket forever).
+        ctx = zmq.Context.instance()
+        live = [s for s in list(getattr(ctx, "_sockets", None) or ()) if not s.closed]
+        if not live and not ctx.closed:
+            ctx.term()
