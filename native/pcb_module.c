@@ -564,12 +564,93 @@ done:
     return result;
 }
 
+/* ==== switch microbenchmarks (pcb_micro.c) ===================================== begin ==== */
+
+#include "pcb_micro.h"
+
+PyDoc_STRVAR(micro_run_doc,
+"micro_run(case, n, threads=1, cpu_a=-1, cpu_b=-1, timeout=60.0) -> dict\n\n"
+"Runs one native switch microbenchmark (see native/pcb_micro.h) with the GIL released: n\n"
+"iterations timed inside C, after the same number of empty-loop iterations.  Returns\n"
+"{'case', 'n', 'threads', 'ops', 'elapsed_ns', 'empty_ns', 'check'}.  ValueError for bad\n"
+"arguments, TimeoutError when the run takes longer than timeout seconds, OSError when a\n"
+"system call fails; a signal handler's exception (KeyboardInterrupt) stops the run.");
+
+static PyObject *micro_run(PyObject *module, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"case", "n", "threads", "cpu_a", "cpu_b", "timeout", NULL};
+    const char *name;
+    unsigned long long n;
+    unsigned int threads = 1;
+    int cpu_a = -1, cpu_b = -1;
+    double timeout = 60.0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "sK|Iiid:micro_run", kwlist, &name, &n,
+                                     &threads, &cpu_a, &cpu_b, &timeout))
+        return NULL;
+    int index = pcb_micro_find(name);
+    if (index < 0)
+        return PyErr_Format(PyExc_ValueError, "case: unknown native case '%s'", name);
+    pcb_micro_spec spec = {.n = n, .threads = threads, .cpu_a = cpu_a, .cpu_b = cpu_b,
+                           .timeout = timeout};
+    pcb_micro_result res;
+    char err[256];
+    gil_ctx g;
+    g.save = PyEval_SaveThread();
+    int r = pcb_micro_run(index, &spec, &res, check_signals, &g, err, sizeof(err));
+    int e = errno;
+    PyEval_RestoreThread(g.save);
+    if (r != 0) {
+        if (e == EINTR && PyErr_Occurred())
+            return NULL;
+        if (e == EINVAL)
+            return PyErr_Format(PyExc_ValueError, "micro_run(%s): %s", name, err);
+        PyObject *exc_args = Py_BuildValue("(is)", e, err);
+        if (exc_args) {
+            PyErr_SetObject(PyExc_OSError, exc_args); /* OSError picks the subclass: TimeoutError */
+            Py_DECREF(exc_args);
+        }
+        return NULL;
+    }
+    return Py_BuildValue("{s:s,s:K,s:I,s:K,s:L,s:L,s:K}", "case", name, "n", n, "threads",
+                         threads, "ops", (unsigned long long)res.ops, "elapsed_ns",
+                         (long long)res.elapsed_ns, "empty_ns", (long long)res.empty_ns,
+                         "check", (unsigned long long)res.check);
+}
+
+PyDoc_STRVAR(micro_cases_doc,
+"micro_cases() -> dict\n\n"
+"The native switch microbenchmarks: name -> {'two_party': bool, 'threaded': bool}.");
+
+static PyObject *micro_cases(PyObject *module, PyObject *Py_UNUSED(ignored))
+{
+    PyObject *d = PyDict_New();
+    if (!d)
+        return NULL;
+    for (int i = 0; pcb_micro_names[i]; i++) {
+        PyObject *v = Py_BuildValue("{s:O,s:O}", "two_party",
+                                    pcb_micro_two_party(i) ? Py_True : Py_False, "threaded",
+                                    pcb_micro_threaded(i) ? Py_True : Py_False);
+        if (!v || PyDict_SetItemString(d, pcb_micro_names[i], v) < 0) {
+            Py_XDECREF(v);
+            Py_DECREF(d);
+            return NULL;
+        }
+        Py_DECREF(v);
+    }
+    return d;
+}
+
+/* ==== switch microbenchmarks ======================================================== end ==== */
+
 static PyMethodDef module_methods[] = {
     {"echo_epoll", echo_epoll, METH_VARARGS, echo_epoll_doc},
     {"echo_threads", echo_threads, METH_VARARGS, echo_threads_doc},
     {"cacheline_rtt", cacheline_rtt, METH_VARARGS, cacheline_rtt_doc},
     {"set_pdeathsig", set_pdeathsig, METH_VARARGS, "set_pdeathsig(signum)\n\nprctl(PR_SET_PDEATHSIG)."},
     {"hist_query", hist_query, METH_VARARGS, hist_query_doc},
+    /* switch microbenchmarks */
+    {"micro_run", (PyCFunction)(void (*)(void))micro_run, METH_VARARGS | METH_KEYWORDS, micro_run_doc},
+    {"micro_cases", micro_cases, METH_NOARGS, micro_cases_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -680,8 +680,11 @@ def echo_server(request: pytest.FixtureRequest, echo_case: EchoCase, pcb_setting
     except loadgen.FdLimitError as exc:
         pytest.fail(str(exc), pytrace=False)
     cpus = pcb_settings.cpus
+    # Thread-per-connection models take seconds to wind down 10k threads on one CPU.
+    stop_timeout = max(10.0, echo_case.connections / 500.0)
     server = harness.ServerProcess(echo_case.impl, transport=echo_case.transport,
-                                   cpu=cpus[0] if cpus else None, env=MALLOC_ENV[echo_case.malloc])
+                                   cpu=cpus[0] if cpus else None, env=MALLOC_ENV[echo_case.malloc],
+                                   stop_timeout=stop_timeout)
     try:
         server.start()
     except harness.ServerUnavailable as exc:
@@ -691,11 +694,14 @@ def echo_server(request: pytest.FixtureRequest, echo_case: EchoCase, pcb_setting
     try:
         yield server
     finally:
+        failure = None
         try:
             server.stop()
         except harness.ServerError as exc:
             if not request.node.stash.get(SERVER_REPORTED_KEY, False):
-                pytest.fail(f"{echo_case.id}: {exc}", pytrace=False)
+                failure = f"{echo_case.id}: {exc}"
+        if failure is not None:
+            pytest.fail(failure, pytrace=False)  # outside the except: no chained traceback
 
 
 @pytest.fixture

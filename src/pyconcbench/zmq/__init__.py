@@ -155,7 +155,7 @@ def _modes() -> Dict[str, Mode]:
                  "zmq.asyncio sockets, server task and client on %s" % on),
             Mode("aiozmq_core" + suffix, "aiozmq_core", loop, "_aiozmq", "AiozmqCore", aiozmq_core + extra,
                  "aiozmq transports and protocols (create_zmq_connection) on %s" % on),
-            Mode("aiozmq_rpc" + suffix, "aiozmq_rpc", loop, "_aiozmq", "AiozmqRpc", aiozmq_rpc + extra,
+            Mode("aiozmq_rpc" + suffix, "aiozmq_rpc", loop, "_aiozmq_rpc", "AiozmqRpc", aiozmq_rpc + extra,
                  "aiozmq.rpc server and client, a method returning its argument, on %s" % on),
         ]
     order = ["pyzmq_single", "pyzmq_poller", "pyzmq_thread", "pyzmq_process",
@@ -184,13 +184,15 @@ class RoundResult:
     """One round: ``requests`` verified request/reply pairs in ``elapsed`` wall seconds, each
     one's latency, and the CPU spent: ``cpu`` by this process (every thread: the client, an
     in-process server, libzmq's I/O threads), ``server_cpu`` by the server process
-    (``pyzmq_process`` only, else None)."""
+    (``pyzmq_process`` only, else None), ``other_cpu`` by every other process on the machine
+    (clock ticks of /proc/stat: a busy machine shows here; None when unreadable)."""
 
     requests: int
     elapsed: float
     latencies_ns: Tuple[int, ...]
     cpu: float = 0.0
     server_cpu: Optional[float] = None
+    other_cpu: Optional[float] = None
 
     def __post_init__(self) -> None:
         if isinstance(self.requests, bool) or not isinstance(self.requests, int) or self.requests < 1:
@@ -200,7 +202,7 @@ class RoundResult:
         if len(self.latencies_ns) != self.requests:
             raise ValueError("RoundResult.latencies_ns: %d values for %d requests"
                              % (len(self.latencies_ns), self.requests))
-        for name in ("cpu", "server_cpu"):
+        for name in ("cpu", "server_cpu", "other_cpu"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, (int, float)) or value < 0):
                 raise ValueError("RoundResult.%s: expected seconds >= 0, got %r" % (name, value))
@@ -225,6 +227,8 @@ class RoundResult:
             "cpu_us_per_req": round(self.cpu / self.requests * 1e6, 3),
             "server_cpu_us_per_req": (None if self.server_cpu is None
                                       else round(self.server_cpu / self.requests * 1e6, 3)),
+            "other_cpu_share": (None if self.other_cpu is None
+                                else round(self.other_cpu / self.elapsed, 3)),
         }
 
 
@@ -243,7 +247,8 @@ def _us(ns: float) -> float:
 
 def summarize(results: Sequence[RoundResult]) -> Dict[str, Any]:
     """Rounds -> requests/s (over all of them, and the median round), latency percentiles over
-    all their requests, CPU per request, and each round's own figures under ``rounds``."""
+    all their requests, CPU per request, the largest share of a CPU other processes used during
+    a round (a busy machine), and each round's own figures under ``rounds``."""
     if not results:
         raise ValueError("summarize: no rounds")
     total = sum(r.requests for r in results)
@@ -253,6 +258,7 @@ def summarize(results: Sequence[RoundResult]) -> Dict[str, Any]:
         merged.extend(r.latencies_ns)
     p50, p90, p99, p999 = percentiles(merged, (50, 90, 99, 99.9))
     server = [r.server_cpu for r in results]
+    others = [r.other_cpu / r.elapsed for r in results if r.other_cpu is not None]
     return {
         "requests_per_round": results[0].requests,
         "requests_per_s": round(total / elapsed, 1),
@@ -265,6 +271,7 @@ def summarize(results: Sequence[RoundResult]) -> Dict[str, Any]:
         "cpu_us_per_req": round(sum(r.cpu for r in results) / total * 1e6, 3),
         "server_cpu_us_per_req": (None if any(s is None for s in server)
                                   else round(sum(server) / total * 1e6, 3)),
+        "other_cpu_share_max": (round(max(others), 3) if others else None),
         "rounds": [r.as_dict() for r in results],
     }
 
@@ -507,6 +514,11 @@ class Session:
     # -- rounds ----------------------------------------------------------------------------
 
     @property
+    def ipc_dir(self) -> Optional[str]:
+        """The temporary directory holding the ipc:// socket while the session is open."""
+        return self._tmpdir
+
+    @property
     def server_pid(self) -> Optional[int]:
         return getattr(self._workload, "server_pid", None)
 
@@ -525,21 +537,24 @@ class Session:
         pid = workload.server_pid
         try:
             ledger.begin(requests)
-            server0 = machine.process_runtime(pid) if pid else None
+            before = machine.snapshot(pid)
             cpu0 = time.process_time()
             t0 = time.perf_counter()
             workload.run(requests, ledger)
             elapsed = time.perf_counter() - t0
             cpu = time.process_time() - cpu0
-            server = machine.process_runtime(pid) - server0 if server0 is not None else None
+            after = machine.snapshot(pid)
         except RoundError as exc:
             self._failed = str(exc)
             raise
         except BaseException:
             self._failed = "interrupted"
             raise
+        server = after.server_runtime - before.server_runtime if pid else None
+        other = after.other_since(before) if after.machine > 0 else None
         return RoundResult(requests=requests, elapsed=elapsed, latencies_ns=tuple(ledger.latencies),
-                           cpu=max(0.0, cpu), server_cpu=None if server is None else max(0.0, server))
+                           cpu=max(0.0, cpu), server_cpu=None if server is None else max(0.0, server),
+                           other_cpu=other)
 
     def warmup(self, requests: int) -> None:
         """Runs requests that are not measured (connections, caches, the JIT-less interpreter's

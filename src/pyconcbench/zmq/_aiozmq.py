@@ -1,14 +1,8 @@
-"""aiozmq workloads, server and client on one event loop (asyncio's default loop or uvloop):
-
-- ``aiozmq_core``: aiozmq's transport/protocol layer (``aiozmq.create_zmq_connection``, the
-  loop-independent transport), a ROUTER protocol that writes back what it receives and a
-  DEALER protocol that sends the next request from ``msg_received`` -- as the study's core
-  aiozmq benchmark.  The sockets come from this workload's own context.
-- ``aiozmq_rpc``: ``aiozmq.rpc.serve_rpc`` / ``connect_rpc`` and a method that returns its
-  argument, awaited once per request (with k in flight: k coroutines calling concurrently).
-  The argument is the request: its id, then the payload.  aiozmq.rpc's public API takes its
-  sockets from pyzmq's global ``zmq.Context.instance()``: this workload terminates that
-  context after closing its sockets, unless other sockets still live on it.
+"""``aiozmq_core``: aiozmq's transport/protocol layer (``aiozmq.create_zmq_connection``, the
+loop-independent transport), server and client on one event loop (asyncio's default loop or
+uvloop): a ROUTER protocol that writes back what it receives and a DEALER protocol that sends
+the next request from ``msg_received`` -- as the study's core aiozmq benchmark.  The sockets
+come from this workload's own context.
 """
 from __future__ import annotations
 
@@ -16,17 +10,15 @@ import asyncio
 from typing import Any, List, Optional
 
 import aiozmq
-import aiozmq.rpc
 import zmq
 
-from ._common import (IPC_NAME, LOOPBACK, FaultyEcho, Ledger, RoundError, Spec, bind, close_loop,
-                      new_loop, run_bounded)
+from ._common import FaultyEcho, Ledger, RoundError, Spec, bind, close_loop, new_loop, run_bounded
 
 #: How long closing the transports may take before the sockets are closed by force.
 CLOSE_TIMEOUT = 5.0
 
 
-class _Loop:
+class Loop:
     """An event loop of the spec's kind owned by the workload, and the setup/teardown shape."""
 
     def __init__(self, spec: Spec) -> None:
@@ -137,7 +129,7 @@ class _Client(_Closing):
             done.set_result(None)
 
 
-class AiozmqCore(_Loop):
+class AiozmqCore(Loop):
     def __init__(self, spec: Spec) -> None:
         super().__init__(spec)
         self.ctx: Any = None
@@ -186,87 +178,3 @@ class AiozmqCore(_Loop):
                 sock.close(linger=0)
         if self.ctx is not None and not self.ctx.closed:
             self.ctx.term()
-
-
-# ---- aiozmq_rpc ---------------------------------------------------------------------------
-
-class _EchoHandler(aiozmq.rpc.AttrHandler):
-    @aiozmq.rpc.method
-    def echo(self, data):
-        return data
-
-
-class _FaultyHandler(aiozmq.rpc.AttrHandler):
-    def __init__(self, faulty: FaultyEcho) -> None:
-        self.faulty = faulty
-
-    @aiozmq.rpc.method
-    async def echo(self, data):
-        out = self.faulty.value(data)
-        if out is None:
-            await asyncio.sleep(3600)  # never answers; cancelled when the server closes
-        return out
-
-
-class AiozmqRpc(_Loop):
-    def __init__(self, spec: Spec) -> None:
-        super().__init__(spec)
-        self.server: Any = None
-        self.client: Any = None
-
-    async def _setup(self) -> None:
-        spec = self.spec
-        if spec.transport == "tcp":
-            where = "tcp://%s:*" % LOOPBACK  # the kernel picks the port, as bind_to_random_port
-        else:
-            where = "ipc://%s/%s" % (spec.ipc_dir, IPC_NAME)
-        handler = _EchoHandler() if spec.fault is None else _FaultyHandler(FaultyEcho(spec.fault))
-        self.server = await aiozmq.rpc.serve_rpc(handler, bind=where, loop=self.loop)
-        self.server.transport.setsockopt(zmq.LINGER, 0)
-        endpoint = next(iter(self.server.transport.bindings()))
-        self.client = await aiozmq.rpc.connect_rpc(connect=endpoint, loop=self.loop)
-        self.client.transport.setsockopt(zmq.LINGER, 0)
-
-    async def _client(self, requests: int, ledger: Ledger) -> None:
-        call = self.client.call.echo
-        request = ledger.request_value
-        reply = ledger.reply_value
-
-        async def caller() -> None:
-            while ledger.sent < requests:
-                idb, data = request()
-                reply(idb, await call(data))
-
-        inflight = min(self.spec.inflight, requests)
-        if inflight == 1:
-            await caller()
-            return
-        callers = [asyncio.ensure_future(caller()) for _ in range(inflight)]
-        try:
-            await asyncio.gather(*callers)
-        finally:
-            for task in callers:
-                task.cancel()
-            await asyncio.gather(*callers, return_exceptions=True)
-
-    def run(self, requests: int, ledger: Ledger) -> None:
-        run_bounded(self.loop, self._client(requests, ledger), ledger)
-
-    async def _teardown(self) -> None:
-        for service in (self.client, self.server):
-            if service is not None:
-                service.close()
-        for service in (self.client, self.server):
-            if service is not None:
-                try:
-                    await asyncio.wait_for(service.wait_closed(), CLOSE_TIMEOUT)
-                except asyncio.TimeoutError:
-                    pass
-
-    def _release(self) -> None:
-        # The services' sockets came from the global context: terminate it unless something
-        # else still has a socket open on it (term() would then wait for that socket forever).
-        ctx = zmq.Context.instance()
-        live = [s for s in list(getattr(ctx, "_sockets", None) or ()) if not s.closed]
-        if not live and not ctx.closed:
-            ctx.term()
