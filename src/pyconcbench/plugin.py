@@ -663,6 +663,15 @@ def pcb_probe_baseline(pcb_settings: Settings) -> Optional[float]:
 
 
 SERVER_REPORTED_KEY = pytest.StashKey[bool]()
+CALL_FAILED_KEY = pytest.StashKey[bool]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    report = yield
+    if report.when == "call" and report.failed:
+        item.stash[CALL_FAILED_KEY] = True
+    return report
 SYSCALL_TOOL_KEY = pytest.StashKey[Optional[str]]()
 
 
@@ -698,7 +707,9 @@ def echo_server(request: pytest.FixtureRequest, echo_case: EchoCase, pcb_setting
         try:
             server.stop()
         except harness.ServerError as exc:
-            if not request.node.stash.get(SERVER_REPORTED_KEY, False):
+            # once per test: not again when the test itself already failed on it
+            if not (request.node.stash.get(SERVER_REPORTED_KEY, False)
+                    or request.node.stash.get(CALL_FAILED_KEY, False)):
                 failure = f"{echo_case.id}: {exc}"
         if failure is not None:
             pytest.fail(failure, pytrace=False)  # outside the except: no chained traceback
