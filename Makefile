@@ -45,7 +45,7 @@ debug:
 test-debug: debug
 	LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)" \
 	ASAN_OPTIONS=detect_leaks=0 \
-	    $(PY) -m pytest tests/test_hist.py tests/test_loadgen.py tests/test_serve.py -m "not slow" $(TEST_ARGS)
+	    $(PY) -m pytest tests/test_hist.py tests/test_loadgen.py tests/test_serve.py tests/test_micro.py -m "not slow" $(TEST_ARGS)
 
 clean:
 	rm -rf build $(VENV) src/*.egg-info src/pyconcbench/*.so .pytest_cache

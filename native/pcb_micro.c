@@ -939,6 +939,25 @@ int pcb_micro_threaded(int index)
 
 /* ---- driver and caller --------------------------------------------------------------- */
 
+/* Nanoseconds the calling thread has spent runnable but waiting for a CPU (the second field
+ * of its schedstat), or -1 when /proc does not say. */
+static int64_t run_delay_ns(void)
+{
+    char buf[128];
+    int fd = open("/proc/thread-self/schedstat", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    ssize_t k = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    if (k <= 0)
+        return -1;
+    buf[k] = '\0';
+    unsigned long long run, wait;
+    if (sscanf(buf, "%llu %llu", &run, &wait) != 2)
+        return -1;
+    return (int64_t)wait;
+}
+
 static void *driver_main(void *p)
 {
     run *r = p;
@@ -946,7 +965,10 @@ static void *driver_main(void *p)
     sigfillset(&all);
     pthread_sigmask(SIG_BLOCK, &all, NULL);
     r->res->empty_ns = micro_empty_loop(r, r->spec->n);
+    int64_t w0 = run_delay_ns();
     int rc = CASES[r->index].fn(r, r->spec->n, r->res);
+    int64_t w1 = run_delay_ns();
+    r->res->waited_ns = w0 >= 0 && w1 >= w0 ? w1 - w0 : -1;
     if (rc == 0 && aborted(r))
         fail(r, ETIMEDOUT, "aborted");
     pthread_mutex_lock(&r->mu);

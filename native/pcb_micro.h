@@ -56,6 +56,9 @@ typedef struct pcb_micro_result {
     uint64_t check;     /* operations counted by the other side (callee, coroutine, peer
                            thread, child, futex waiter): equals ops, or n for a round trip,
                            when every operation really ran */
+    int64_t waited_ns;  /* how long the driver thread was runnable but waiting for its CPU
+                           during the case (other processes, or this run's own threads on
+                           that CPU); -1 when /proc/thread-self/schedstat is unreadable */
 } pcb_micro_result;
 
 /* The case names, in a fixed order, NULL-terminated. */

@@ -572,8 +572,8 @@ PyDoc_STRVAR(micro_run_doc,
 "micro_run(case, n, threads=1, cpu_a=-1, cpu_b=-1, timeout=60.0) -> dict\n\n"
 "Runs one native switch microbenchmark (see native/pcb_micro.h) with the GIL released: n\n"
 "iterations timed inside C, after the same number of empty-loop iterations.  Returns\n"
-"{'case', 'n', 'threads', 'ops', 'elapsed_ns', 'empty_ns', 'check'}.  ValueError for bad\n"
-"arguments, TimeoutError when the run takes longer than timeout seconds, OSError when a\n"
+"{'case', 'n', 'threads', 'ops', 'elapsed_ns', 'empty_ns', 'check', 'waited_ns'}.  ValueError\n"
+"for bad arguments, TimeoutError when the run takes longer than timeout seconds, OSError when a\n"
 "system call fails; a signal handler's exception (KeyboardInterrupt) stops the run.");
 
 static PyObject *micro_run(PyObject *module, PyObject *args, PyObject *kwds)
@@ -611,10 +611,11 @@ static PyObject *micro_run(PyObject *module, PyObject *args, PyObject *kwds)
         }
         return NULL;
     }
-    return Py_BuildValue("{s:s,s:K,s:I,s:K,s:L,s:L,s:K}", "case", name, "n", n, "threads",
+    return Py_BuildValue("{s:s,s:K,s:I,s:K,s:L,s:L,s:K,s:L}", "case", name, "n", n, "threads",
                          threads, "ops", (unsigned long long)res.ops, "elapsed_ns",
                          (long long)res.elapsed_ns, "empty_ns", (long long)res.empty_ns,
-                         "check", (unsigned long long)res.check);
+                         "check", (unsigned long long)res.check, "waited_ns",
+                         (long long)res.waited_ns);
 }
 
 PyDoc_STRVAR(micro_cases_doc,

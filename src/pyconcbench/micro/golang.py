@@ -1,0 +1,134 @@
+"""The Go baselines of the switch microbenchmarks: ``go/switch.go``, built once, run per round.
+
+The program is built once per source and toolchain into
+``$XDG_CACHE_HOME/pyconcbench/micro_go-<key>/switch`` (``~/.cache`` without XDG_CACHE_HOME),
+with its own GOCACHE and GOPATH there, as the ``go_net`` echo peer is.  Each round runs it once,
+pinned to one CPU with ``GOMAXPROCS=1`` (the default of the Go the study used, 1.3): it times
+the case inside Go and prints one JSON line.  ``python -m pyconcbench.micro.golang`` builds it
+ahead.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from typing import Any, Dict, Optional
+
+SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "go", "switch.go")
+BUILD_TIMEOUT = 300.0
+#: Seconds one run may take before it is killed.
+RUN_TIMEOUT = 120.0
+
+
+class GoUnavailable(RuntimeError):
+    """No usable Go toolchain (the message says why, in one line)."""
+
+
+def cache_root() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "pyconcbench")
+
+
+def _all_cpus() -> None:
+    """In the build process: every CPU, not just the one the caller may be pinned to."""
+    try:
+        os.sched_setaffinity(0, range(os.cpu_count() or 1))
+    except (OSError, ValueError):
+        pass
+
+
+def build() -> str:
+    """Returns the path of the built program, building it first unless a build of this source
+    with this Go toolchain is cached.  Raises GoUnavailable when it cannot."""
+    go = shutil.which("go")
+    if go is None:
+        raise GoUnavailable("the Go baselines need 'go' on PATH (not found)")
+    try:
+        with open(SOURCE, "rb") as f:
+            code = f.read()
+        real_go = os.path.realpath(go)
+        st = os.stat(real_go)
+    except OSError as exc:
+        raise GoUnavailable(f"cannot build the Go baselines: {exc}") from None
+    key = hashlib.sha256(
+        code + ("\0%s\0%d\0%d" % (real_go, st.st_size, st.st_mtime_ns)).encode()
+    ).hexdigest()[:16]
+    root = cache_root()
+    target_dir = os.path.join(root, f"micro_go-{key}")
+    binary = os.path.join(target_dir, "switch")
+    if os.access(binary, os.X_OK):
+        return binary
+    try:
+        os.makedirs(target_dir, exist_ok=True)
+        tmp_dir = tempfile.mkdtemp(prefix="build-", dir=target_dir)
+    except OSError as exc:
+        raise GoUnavailable(f"cannot build the Go baselines: {exc}") from None
+    env = dict(
+        os.environ,
+        GOCACHE=os.path.join(root, "go-build"),
+        GOPATH=os.path.join(root, "gopath"),
+        GOFLAGS="", GO111MODULE="", GOTOOLCHAIN="local", CGO_ENABLED="0",
+    )
+    try:
+        result = subprocess.run(
+            [go, "build", "-o", os.path.join(tmp_dir, "switch"), SOURCE],
+            cwd=tmp_dir, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, timeout=BUILD_TIMEOUT, preexec_fn=_all_cpus,
+        )
+        if result.returncode != 0:
+            lines = result.stdout.decode("utf-8", "replace").strip().splitlines()
+            detail = "; ".join(line.strip() for line in lines[:3]) or "no output"
+            raise GoUnavailable(f"go build exited with code {result.returncode}: {detail}")
+        os.replace(os.path.join(tmp_dir, "switch"), binary)  # atomic: concurrent builds are fine
+    except subprocess.TimeoutExpired:
+        raise GoUnavailable(f"go build did not finish within {BUILD_TIMEOUT:g} s") from None
+    except OSError as exc:
+        raise GoUnavailable(f"cannot build the Go baselines: {exc}") from None
+    finally:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+    return binary
+
+
+def run(case: str, loops: int, goroutines: int = 1, cpu: Optional[int] = None,
+        timeout: float = RUN_TIMEOUT) -> Dict[str, Any]:
+    """Runs one case once; returns its JSON report ({'ops', 'elapsed_ns', 'empty_ns',
+    'check', 'gomaxprocs', 'go', ...}).  RuntimeError when the program fails or times out
+    (it is killed and reaped)."""
+    binary = build()
+
+    def setup() -> None:
+        if cpu is not None:
+            os.sched_setaffinity(0, {cpu})
+
+    try:
+        proc = subprocess.run(
+            [binary, case, str(loops), str(goroutines)],
+            env=dict(os.environ, GOMAXPROCS="1"),
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            timeout=timeout, preexec_fn=setup,
+        )
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"go {case}: did not finish within {timeout:g} s (killed)") from None
+    if proc.returncode != 0:
+        err = proc.stderr.decode("utf-8", "replace").strip().splitlines()
+        raise RuntimeError(f"go {case}: exited with code {proc.returncode}: "
+                           f"{'; '.join(err[:3]) or 'no output'}")
+    try:
+        report = json.loads(proc.stdout.decode().strip().splitlines()[-1])
+        if not isinstance(report, dict) or report.get("case") != case:
+            raise ValueError("not this case's report")
+    except (ValueError, IndexError) as exc:
+        raise RuntimeError(f"go {case}: no usable report ({exc}): {proc.stdout[-300:]!r}") from None
+    return report
+
+
+if __name__ == "__main__":
+    try:
+        print(build())
+    except GoUnavailable as exc:
+        print(exc, file=sys.stderr)
+        sys.exit(2)

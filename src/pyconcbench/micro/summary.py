@@ -1,0 +1,117 @@
+"""The study's figures, and the table of switch microbenchmark results.
+
+The context-switch study (2014: Pentium G2030 at 3 GHz, two cores, Debian jessie, Linux 3.16,
+Python 2.7 and 3, Go 1.3) timed whole programs with ``time``; its figures are converted here to
+this suite's operations (a round trip is two swapcontext calls, for example).  Where the
+study gives only a plot (the sched_yield, mutex, Gosched and channel curves, the yield-from
+depth sweep) the figure is read off its text, or left out.
+"""
+from __future__ import annotations
+
+import statistics
+from typing import Any, Dict, Iterable, List, Optional, Tuple
+
+#: (test, case id) -> (ns per op, where it comes from)
+STUDY: Dict[Tuple[str, str], Tuple[float, str]] = {
+    ("switch", "native-call"): (2.34, "s_call: 2.34 ns per call"),
+    ("switch", "native-syscall_getpid"): (49.47, "s_syscall: 49.47 ns per getpid"),
+    ("switch", "native-setjmp_longjmp"): (5.715, "s_jmp: 5.7 ns per setjmp+longjmp, on one stack"),
+    ("switch", "native-swapcontext"): (334.6, "s_context: 167.3 ns per swapcontext, two per round trip"),
+    ("switch", "native-sched_yield-t100"): (
+        398.2, "t_sleep: 1315 ns per usleep(0) at 100 threads is '916.8 ns more than the same pure "
+               "scheduling' (t_yield)"),
+    ("switch", "native-usleep0-t1"): (54740.0, "t_sleep: 54.74 us per usleep(0), one thread"),
+    ("switch", "native-usleep0-t100"): (1315.0, "t_sleep: 1315 ns per usleep(0), 100 threads"),
+    ("create", "native-pthread_create_join"): (9530.0, "t_thread: 9530 ns per thread create + exit"),
+    ("create", "native-fork_waitpid"): (
+        50980.0, "s_fork: 51 us per fork + exit + wait (46.7 us child first), from a small C program"),
+    ("create", "python-fork_waitpid"): (50980.0, "s_fork (C, small process): 51 us"),
+    ("switch", "python-empty_loop"): (63.2, "py_yield_from: 63.2 ns per loop iteration on py3 (54 on py2)"),
+    ("switch", "python-generator_next"): (25.1, "py_yield_from: +25.1 ns per yield on py3 (+22 on py2)"),
+    ("depth", "yield_from-d1"): (50.5, "py_yield_from: +50.5 ns per yield from, one level, py3"),
+    ("switch", "python-greenlet_pingpong"): (481.0, "py_greenlet: +481 ns per switch-and-back loop (py2)"),
+    ("create", "go-goroutine"): (568.0, "g_goroutine: 568 ns per go f() (not waited for)"),
+    ("handoff", "go-chan_pingpong"): (65.0, "g_chan: 60-70 ns, flat over concurrency"),
+    ("handoff", "go-mutex_handoff"): (
+        30.0, "g_lock: ~30 ns per lock/unlock with n goroutines (not a hand-off)"),
+    ("switch", "go-gosched-g16384"): (250.0, "g_sched: ~250 ns at 16K goroutines"),
+}
+
+GROUP_ORDER = ("switch-python", "switch-native", "switch-go", "create", "handoff", "depth-sweep")
+
+
+def study_figure(case: Any) -> Optional[Tuple[float, str]]:
+    """The study's ns/op for a Case, when it gives one."""
+    return STUDY.get((case.test, case.id))
+
+
+def fmt_ns(ns: Optional[float]) -> str:
+    if ns is None:
+        return "-"
+    if abs(ns) < 10:
+        return f"{ns:.2f}"
+    if abs(ns) < 1000:
+        return f"{ns:.1f}"
+    return f"{ns:,.0f}"
+
+
+def depth_fits(rows: Iterable[Dict[str, Any]]) -> Dict[str, Tuple[float, float, float, List[int]]]:
+    """kind ('yield_from', 'await') -> (slope ns/level, intercept ns, r squared, depths)."""
+    from . import fit_line
+
+    points: Dict[str, Dict[int, float]] = {}
+    for r in rows:
+        if r.get("depth") is None:
+            continue
+        kind = r["case"].rsplit("-d", 1)[0]
+        points.setdefault(kind, {})[r["depth"]] = r["ns_per_op"]
+    out = {}
+    for kind, pts in points.items():
+        if len(pts) >= 2:
+            ds = sorted(pts)
+            slope, intercept, r2 = fit_line(ds, [pts[d] for d in ds])
+            out[kind] = (slope, intercept, r2, ds)
+    return out
+
+
+def table(rows: Iterable[Dict[str, Any]]) -> List[str]:
+    """One block per group: operation, ns/op (median of rounds), spread of the rounds, the
+    study's figure and the ratio; then the depth-sweep fits."""
+    rows = list(rows)
+    by_group: Dict[str, List[Dict[str, Any]]] = {}
+    for r in rows:
+        by_group.setdefault(r["group"], []).append(r)
+    lines: List[str] = []
+    header = f"{'operation':<34} {'ns/op':>11} {'spread':>7} {'study':>9} {'x study':>8}  pinning"
+    for group in sorted(by_group, key=lambda g: (GROUP_ORDER.index(g) if g in GROUP_ORDER else 99, g)):
+        lines.append("")
+        lines.append(f"{group} (ns per operation, median of rounds; empty loop subtracted)")
+        lines.append(header)
+        for r in by_group[group]:
+            spread = r.get("spread_pct")
+            study = r.get("study_ns")
+            ratio = r.get("ratio_to_study")
+            notes = [r.get("pinning", "")]
+            if r.get("noisy_rounds_kept"):
+                notes.append(f"{r['noisy_rounds_kept']} noisy rounds kept")
+            lines.append(f"{r['micro']:<34} {fmt_ns(r['ns_per_op']):>11} "
+                         f"{'-' if spread is None else format(spread, '.1f') + '%':>7} "
+                         f"{fmt_ns(study):>9} {'-' if ratio is None else format(ratio, '.2f'):>8}  "
+                         f"{'; '.join(n for n in notes if n)}")
+    fits = depth_fits(rows)
+    if fits:
+        lines.append("")
+        lines.append("depth sweep: ns per op = slope x depth + intercept (least squares)")
+        for kind, (slope, intercept, r2, ds) in sorted(fits.items()):
+            lines.append(f"  {kind:<12} slope {slope:7.2f} ns/level  intercept {intercept:7.1f} ns"
+                         f"  r2 {r2:.3f}  depths {','.join(map(str, ds))}")
+    return lines
+
+
+def spread_between(a: Dict[str, float], b: Dict[str, float]) -> Dict[str, float]:
+    """Run-to-run spread per figure of two runs: |a - b| / mean, in percent."""
+    out = {}
+    for key in a:
+        if key in b and (a[key] + b[key]):
+            out[key] = 100.0 * abs(a[key] - b[key]) / statistics.mean((a[key], b[key]))
+    return out

@@ -1,0 +1,443 @@
+"""pyconcbench.micro: the catalogue, the native loops (not optimised away, every case counted
+by the other side, bounded, interruptible, leaving no thread or child behind), the Python
+workloads, the Go driver, the Runner (pinning restored, skips with reasons, extra_info), the
+least-squares fit, and the benchmark module through pytester."""
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from pyconcbench import _native, micro
+from pyconcbench.micro import Case, Runner, Sample, Unavailable, fit_line, golang, native, workloads
+from pyconcbench.micro.summary import depth_fits, spread_between, table
+
+ROOT = Path(__file__).resolve().parent.parent
+ALLOWED = sorted(os.sched_getaffinity(0))
+CPU_A = ALLOWED[0]
+CPU_B = ALLOWED[-1]
+
+
+def _tasks():
+    return len(os.listdir("/proc/self/task"))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def libuv_reserve_fds():
+    """libuv keeps a pipe open from its first loop on: open it before the leak check looks."""
+    try:
+        import uvloop
+    except ImportError:
+        yield
+        return
+    uvloop.new_event_loop().close()
+    yield
+
+
+# ---- the catalogue --------------------------------------------------------------------------
+
+def test_catalogue_ids_groups_and_targets():
+    cases = micro.cases()
+    keys = [(c.test, c.id) for c in cases]
+    assert len(keys) == len(set(keys))
+    assert {c.group for c in cases} == {"switch-python", "switch-native", "switch-go", "create",
+                                         "handoff", "depth-sweep"}
+    ids = {c.id for c in cases}
+    for expected in ("python-generator_next", "native-swapcontext", "yield_from-d8", "await-d32",
+                     "native-futex-1cpu", "native-futex-2cpu", "python-condition-2cpu",
+                     "native-sched_yield-t1024", "go-gosched-g16384", "go-chan_pingpong"):
+        assert expected in ids
+    native_targets = set(native.cases())
+    for c in cases:
+        assert re.fullmatch(r"[a-z0-9_]+(-[a-z0-9_]+)*", c.id), c.id
+        assert c.loops % c.step == 0 and c.warm_loops() % c.step == 0
+        if c.family == "python":
+            assert callable(getattr(workloads, c.target))
+        elif c.family == "native":
+            assert c.target in native_targets
+    assert sorted(c.depth for c in cases if c.name.startswith("yield_from")) == list(micro.DEPTHS)
+    assert sorted(c.depth for c in cases if c.name.startswith("await")) == list(micro.DEPTHS)
+    threads = [c.kwargs["threads"] for c in cases if c.name.startswith("sched_yield")]
+    assert threads[0] == 1 and threads[-1] == 1024 and all(t in threads for t in (2, 4, 512))
+
+
+def test_k_switch_selects_every_case(pytester):
+    """`pytest tests/bench -k switch` selects every case (through the module's name), with
+    the readable ids."""
+    pytester.makepyfile(test_switch=(ROOT / "tests" / "bench" / "test_switch.py").read_text())
+    result = pytester.runpytest_subprocess("--collect-only", "-q", "-k", "switch",
+                                           "-p", "no:cacheprovider")
+    collected = [line for line in result.outlines if line.startswith("test_switch.py::")]
+    assert len(collected) == len(micro.cases())
+    for line in ("test_switch.py::test_switch[python-generator_next]",
+                 "test_switch.py::test_switch[native-swapcontext]",
+                 "test_switch.py::test_handoff[native-futex-2cpu]",
+                 "test_switch.py::test_create[go-goroutine]",
+                 "test_switch.py::test_depth[yield_from-d8]"):
+        assert line in collected
+
+
+def test_fit_line_exact():
+    slope, intercept, r2 = fit_line([1, 2, 4, 8], [12.0, 14.0, 18.0, 26.0])
+    assert slope == pytest.approx(2.0)
+    assert intercept == pytest.approx(10.0)
+    assert r2 == pytest.approx(1.0)
+    with pytest.raises(ValueError):
+        fit_line([1], [1.0])
+    with pytest.raises(ValueError):
+        fit_line([2, 2], [1.0, 3.0])
+
+
+def test_sample_subtracts_the_empty_loop():
+    s = Sample(elapsed_ns=1_000, empty_ns=200, ops=40, check=40)
+    assert s.ns_per_op == pytest.approx(20.0)
+    assert s.as_dict() == {"ns_per_op": 20.0, "elapsed_ns": 1000, "empty_ns": 200, "ops": 40,
+                           "check": 40}
+
+
+def test_summary_table_and_fits():
+    rows = [{"micro": f"yield_from-d{d}", "case": f"yield_from-d{d}", "group": "depth-sweep",
+             "depth": d, "ns_per_op": 10.0 + 5.0 * d, "spread_pct": 1.0, "pinning": "p"}
+            for d in (1, 2, 4)]
+    rows.append({"micro": "native-call", "case": "call", "group": "switch-native", "ns_per_op": 1.2,
+                 "spread_pct": 0.5, "study_ns": 2.34, "ratio_to_study": 0.51, "pinning": "p"})
+    fits = depth_fits(rows)
+    assert fits["yield_from"][0] == pytest.approx(5.0)
+    assert fits["yield_from"][1] == pytest.approx(10.0)
+    text = "\n".join(table(rows))
+    assert text.index("switch-native") < text.index("depth-sweep")
+    assert "slope    5.00 ns/level" in text and "2.34" in text and "0.51" in text
+    assert spread_between({"a": 100.0, "b": 1.0}, {"a": 102.0}) == {"a": pytest.approx(1.9802, 1e-3)}
+
+
+# ---- native: not optimised away ------------------------------------------------------------
+
+def _best(case, n, **kw):
+    """The fastest of five runs: (net ns, result) — the least disturbed by other load."""
+    runs = [native.run(case, n, cpu_a=CPU_A, cpu_b=CPU_A, **kw) for _ in range(5)]
+    best = min(runs, key=lambda d: d["elapsed_ns"] - d["empty_ns"])
+    return best["elapsed_ns"] - best["empty_ns"], best
+
+
+@pytest.mark.parametrize("case,n", [("call", 10_000_000), ("setjmp_longjmp", 250_000),
+                                    ("swapcontext", 20_000), ("coroutine", 10_000_000)])
+def test_native_loop_runs_every_iteration(case, n):
+    """The callee / the coroutine counts each call or resume: the count equals the loop
+    count, and the time grows with it (8x the work takes 3x..24x the time, wide enough for a
+    shared machine; a folded loop would take the same time), so the loop is neither folded
+    nor hoisted by the compiler."""
+    small, r1 = _best(case, n)
+    large, r8 = _best(case, 8 * n)
+    assert r1["check"] == n and r1["ops"] == n
+    assert r8["check"] == 8 * n and r8["ops"] == 8 * n
+    assert small > 0 and large > 0
+    assert 3.0 <= large / small <= 24.0, (small, large)
+    # A call or a switch costs at least a few cycles: never 0.1 ns.
+    assert large / (8 * n) > 0.1
+
+
+def test_native_call_is_a_real_call_in_the_disassembly():
+    """The call loop holds a `call` of micro_callee (no inlining), and the empty loop does
+    not: the difference between the two loops is the call."""
+    objdump = shutil.which("objdump")
+    if objdump is None:
+        pytest.skip("objdump not found (binutils)")
+    so = _native.__file__
+
+    def disassemble(symbol):
+        out = subprocess.run([objdump, "-d", "--no-show-raw-insn", f"--disassemble={symbol}", so],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
+        text = out.stdout.decode()
+        if f"<{symbol}>:" not in text:
+            pytest.skip(f"{symbol} not in the symbol table of {so} (stripped build?)")
+        return text
+
+    loop = disassemble("micro_call_loop")
+    assert re.search(r"\bcall\s+[0-9a-f]+ <micro_callee(\.[a-z0-9.]+)?>", loop), loop
+    empty = disassemble("micro_empty_loop")
+    assert "micro_callee" not in empty
+
+
+def test_native_syscall_is_made_every_time():
+    ns, r = _best("syscall_getpid", 20_000)
+    assert r["check"] == 20_000  # every getpid returned this pid
+    assert ns / 20_000 > 20  # a kernel entry costs tens of ns at least
+
+
+# ---- native: every case, small ---------------------------------------------------------------
+
+SMALL = {"call": 1000, "syscall_getpid": 1000, "setjmp_longjmp": 1000, "swapcontext": 1000,
+         "coroutine": 1000, "mutex_uncontended": 1000, "mutex_contended": 1000, "sched_yield": 400,
+         "usleep0": 20, "pthread_create_join": 20, "fork_waitpid": 5, "futex_handoff": 200,
+         "pipe_threads": 200, "pipe_processes": 200}
+
+
+def test_small_table_covers_every_native_case():
+    assert set(SMALL) == set(native.cases())
+
+
+NATIVE_INFO = native.cases()
+
+
+@pytest.mark.parametrize("case,cpu_b", [(c, "same") for c in sorted(SMALL)]
+                         + [(c, "other") for c in sorted(SMALL) if NATIVE_INFO[c]["two_party"]])
+def test_native_case_counts_every_op(case, cpu_b):
+    info = NATIVE_INFO[case]
+    threads = 4 if info["threaded"] else 1
+    tasks = _tasks()
+    d = native.run(case, SMALL[case], threads=threads, cpu_a=CPU_A,
+                   cpu_b=CPU_B if cpu_b == "other" else CPU_A)
+    assert d["elapsed_ns"] > 0 and d["empty_ns"] >= 0
+    round_trips = case in ("futex_handoff", "pipe_threads", "pipe_processes")
+    if round_trips:
+        assert d["ops"] == 2 * SMALL[case] and d["check"] == SMALL[case]
+    else:
+        assert d["ops"] >= SMALL[case] - threads and d["check"] == d["ops"]
+    assert _tasks() == tasks  # every thread joined (children: the conftest leak check)
+
+
+def test_native_bad_arguments_are_value_errors():
+    with pytest.raises(ValueError, match="unknown native case 'nope'"):
+        native.run("nope", 1)
+    with pytest.raises(ValueError, match="n: must be"):
+        native.run("call", 0)
+    with pytest.raises(ValueError, match="n: must be"):
+        native.run("call", -1)
+    with pytest.raises(ValueError, match="threads"):
+        native.run("call", 10, threads=2)
+    with pytest.raises(ValueError, match="threads"):
+        native.run("sched_yield", 10, threads=5000)
+    with pytest.raises(ValueError, match="not a CPU"):
+        native.run("call", 10, cpu_a=max(ALLOWED) + 1)
+    with pytest.raises(ValueError, match="timeout"):
+        native.run("call", 10, timeout=0.0)
+
+
+@pytest.mark.parametrize("case", ["futex_handoff", "pipe_threads", "pipe_processes",
+                                  "sched_yield", "mutex_contended", "call"])
+def test_native_run_is_bounded_by_its_timeout(case):
+    """A run that would take minutes stops at its timeout with TimeoutError, its threads
+    joined and its child reaped (the conftest checks children and fds)."""
+    tasks = _tasks()
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError, match="not finished within 0.3 s"):
+        native.run(case, 4_000_000_000 if case == "call" else 200_000_000,
+                   threads=2 if case == "sched_yield" else 1, cpu_a=CPU_A, cpu_b=CPU_B,
+                   timeout=0.3)
+    assert time.monotonic() - t0 < 5.0
+    assert _tasks() == tasks
+
+
+def test_native_run_is_interruptible():
+    """A signal handler's exception stops a long run within about 100 ms."""
+
+    class Stop(Exception):
+        pass
+
+    def handler(signum, frame):
+        raise Stop()
+
+    old = signal.signal(signal.SIGALRM, handler)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        t0 = time.monotonic()
+        with pytest.raises(Stop):
+            native.run("futex_handoff", 200_000_000, cpu_a=CPU_A, cpu_b=CPU_A, timeout=60)
+        assert time.monotonic() - t0 < 3.0
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+# ---- Python workloads ------------------------------------------------------------------------
+
+def test_yield_from_and_await_chains_are_as_deep_as_asked():
+    for d in (1, 4, 32):
+        top = workloads.yield_from_chain(d)  # held: dropping it would close the chain
+        next(top)
+        g, levels = top, 0
+        while g.gi_yieldfrom is not None:
+            g, levels = g.gi_yieldfrom, levels + 1
+        assert levels == d and g.gi_code.co_name == "_leaf"
+        top = workloads.await_chain(d)
+        top.send(None)
+        c, levels = top, 0
+        while getattr(c, "cr_await", None) is not None:
+            c, levels = c.cr_await, levels + 1
+        assert levels == d and c.gi_code.co_name == "__await__"  # d coroutines, then the leaf
+
+
+PY_SMALL = [case for case in micro.cases() if case.family == "python"]
+
+
+@pytest.mark.parametrize("case", PY_SMALL, ids=[f"{c.test}-{c.id}" for c in PY_SMALL])
+def test_python_workload_runs(case):
+    for need in case.needs:
+        pytest.importorskip(need)
+    kwargs = case.kwargs
+    if kwargs.pop("peer", False):
+        kwargs["peer_cpu"] = CPU_B if case.cpus == 2 else CPU_A
+    loops = case.step * max(1, 200 // case.step) if case.loops >= 200 else 3
+    tasks = threading.active_count()
+    elapsed = getattr(workloads, case.target)(loops, **kwargs)
+    assert isinstance(elapsed, int) and elapsed > 0
+    assert threading.active_count() == tasks
+
+
+def test_two_threads_reports_a_peer_that_times_out(monkeypatch):
+    monkeypatch.setattr(workloads, "TIMEOUT", 0.05)
+    with pytest.raises(workloads.WorkloadError, match="peer thread timed out"):
+        workloads._two_threads(5, None, "fake", lambda: False, lambda: True)
+    with pytest.raises(workloads.WorkloadError, match="did not answer"):
+        workloads._two_threads(5, None, "fake", lambda: True, lambda: False)
+
+
+def test_call_soon_needs_whole_batches():
+    with pytest.raises(ValueError, match="multiple of 100"):
+        workloads.asyncio_call_soon(150)
+
+
+# ---- Go ---------------------------------------------------------------------------------------
+
+def _go_or_skip():
+    try:
+        return golang.build()
+    except golang.GoUnavailable as exc:
+        pytest.skip(str(exc))
+
+
+@pytest.mark.parametrize("case,n,g", [("goroutine", 2000, 1), ("chan_pingpong", 2000, 1),
+                                      ("mutex_handoff", 2000, 1), ("gosched", 2000, 16)])
+def test_go_cases_count_every_op(case, n, g):
+    _go_or_skip()
+    d = golang.run(case, n, goroutines=g, cpu=CPU_A)
+    assert d["gomaxprocs"] == 1 and d["elapsed_ns"] > 0
+    if case in ("chan_pingpong", "mutex_handoff"):
+        assert d["ops"] == 2 * n and d["check"] == n
+    else:
+        assert d["check"] == d["ops"] == n
+
+
+def test_go_program_rejects_bad_arguments():
+    _go_or_skip()
+    with pytest.raises(RuntimeError, match="unknown case"):
+        golang.run("nope", 10)
+
+
+def test_go_missing_is_a_skip_reason(monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    case = micro.find("go-chan_pingpong")
+    with pytest.raises(Unavailable, match="need 'go' on PATH"):
+        Runner(case).check_available()
+
+
+# ---- the Runner --------------------------------------------------------------------------------
+
+def test_runner_skips_with_reasons():
+    fake = Case("switch", "python", "fake", "call", "op", 10, needs=("no_such_module_pcb",))
+    with pytest.raises(Unavailable, match="needs no_such_module_pcb"):
+        Runner(fake).check_available()
+    two = micro.find("native-futex-2cpu")
+    with pytest.raises(Unavailable, match="needs 2 CPUs"):
+        Runner(two, cpus=[CPU_A]).check_available()
+
+
+def test_runner_pins_restores_and_reports(monkeypatch):
+    case = Case("switch", "python", "generator_next", "generator_next", "op", 20_000, rounds=3)
+    before = os.sched_getaffinity(0)
+    seen = []
+    real = workloads.generator_next
+
+    def spy(loops):
+        seen.append(os.sched_getaffinity(0))
+        return real(loops)
+
+    monkeypatch.setattr(workloads, "generator_next", spy)
+    monkeypatch.setattr(micro, "NOISY_WAIT_SHARE", 2.0)  # no retries on a busy machine
+    timed = []
+
+    def pedantic(fn, rounds, iterations, warmup_rounds):  # pytest-benchmark's signature
+        assert iterations == 1 and warmup_rounds == 0
+        for _ in range(rounds):
+            fn()
+            timed.append(1)
+
+    extra = Runner(case, cpus=[CPU_B, CPU_A]).run(pedantic)
+    assert os.sched_getaffinity(0) == before
+    assert len(seen) == 4 and all(s == {CPU_B} for s in seen)  # warm-up + 3 rounds, pinned
+    assert len(timed) == 3
+    assert extra["rounds"] == 3 and len(extra["samples"]) == 3
+    assert extra["group"] == "switch-python" and extra["cpus"] == [CPU_B]
+    assert extra["ops_per_round"] == 20_000
+    assert extra["ns_per_op_min"] <= extra["ns_per_op"] <= extra["ns_per_op_max"]
+    assert extra["study_ns"] == 25.1 and extra["ratio_to_study"] > 0
+    json.dumps(extra)
+
+
+def test_runner_measures_a_noisy_round_again(monkeypatch):
+    """A solo round whose thread waited for its CPU is measured again; after NOISE_RETRIES
+    noisy tries the last one is kept and counted."""
+    case = micro.find("python-generator_next")
+    runner = Runner(case)
+    waits = iter([50, 0] + [50] * (micro.NOISE_RETRIES + 1))  # % of the round spent waiting
+
+    def fake_measure(loops):
+        return Sample(1000, 100, 10, waited_ns=10 * next(waits))
+
+    monkeypatch.setattr(runner, "measure", fake_measure)
+    runner.one_round()  # noisy, then clean
+    runner.one_round()  # noisy every time: the last try kept
+    assert [s.waited_ns for s in runner.samples] == [0, 500]
+    assert runner.noisy[0] == "" and "waited 50.0% of the round" in runner.noisy[1]
+    assert len(runner.rejected) == 1 + micro.NOISE_RETRIES
+    extra = runner.summary()
+    assert extra["noisy_rounds_rejected"] == 1 + micro.NOISE_RETRIES
+    assert extra["noisy_rounds_kept"] == 1
+    assert "noisy rounds kept" in "\n".join(table([extra]))
+    # Not solo (two threads): waiting for the CPU is part of the hand-off, never noisy.
+    assert not micro.find("python-condition-1cpu").solo
+    assert not micro.find("native-sched_yield-t4").solo
+    assert micro.find("native-swapcontext").solo and micro.find("await-d8").solo
+
+
+def test_runner_rejects_a_count_that_does_not_add_up(monkeypatch):
+    case = micro.find("native-futex-1cpu")
+    monkeypatch.setattr(native, "run", lambda *a, **k: {"elapsed_ns": 10, "empty_ns": 1,
+                                                        "ops": 20, "check": 9})
+    with pytest.raises(micro.WorkloadError, match="counted 9 operations, expected 10"):
+        Runner(case).measure(10)
+
+
+# ---- the benchmark module through pytester ---------------------------------------------------
+
+def test_bench_module_runs_records_and_prints(pytester):
+    pytester.makepyfile(test_switch=(ROOT / "tests" / "bench" / "test_switch.py").read_text())
+    out_json = pytester.path / "bench.json"
+    result = pytester.runpytest_subprocess(
+        "-k", "python-call or native-call or yield_from-d2 or yield_from-d4", "-p",
+        "no:cacheprovider", f"--benchmark-json={out_json}", "--benchmark-columns=median,rounds")
+    result.assert_outcomes(passed=4)
+    result.stdout.fnmatch_lines([
+        "*pyconcbench switch microbenchmarks*",
+        "switch-python (ns per operation*",
+        "python-call *",
+        "depth sweep: ns per op = slope x depth + intercept*",
+        "  yield_from   slope *",
+    ])
+    data = json.loads(out_json.read_text())
+    by_name = {b["name"]: b for b in data["benchmarks"]}
+    assert set(by_name) == {"test_switch[python-call]", "test_switch[native-call]",
+                            "test_depth[yield_from-d2]", "test_depth[yield_from-d4]"}
+    assert by_name["test_switch[native-call]"]["group"] == "switch-native"
+    for name in ("test_depth[yield_from-d2]", "test_depth[yield_from-d4]"):
+        extra = by_name[name]["extra_info"]
+        assert by_name[name]["group"] == "depth-sweep"
+        assert extra["fit_depths"] == [2, 4] and "fit_slope_ns_per_level" in extra
+    call = by_name["test_switch[native-call]"]["extra_info"]
+    assert call["study_ns"] == 2.34 and len(call["samples"]) == call["rounds"] == 7
