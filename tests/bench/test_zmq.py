@@ -6,9 +6,12 @@ warmed up) before the first round.  Ids read ``test_zmq[aiozmq_rpc-uvloop-200B-i
 the same work.  Requests/s, latency percentiles, CPU per request and every round's own figures
 are in ``extra_info``.
 
-A round during which other processes used more than a quarter of a CPU is noisy: it is
-measured again, up to ``--pcb-noise-retries`` times, and pytest-benchmark's timer
-(``ROUND_CLOCK``) leaves the rejected tries out; they are kept in ``extra_info``.
+A round is noisy, as in the echo suite, when other processes used more than a quarter of a CPU
+during it, or when the cache-line round trip between the two pinned CPUs, probed before and
+after it, was well above the quiet machine's (a VM whose virtual CPUs the host placed apart,
+or that shares them: every cross-CPU wake-up is dearer then).  A noisy round is measured
+again, up to ``--pcb-noise-retries`` times; pytest-benchmark's timer (``ROUND_CLOCK``) leaves
+the probes and the rejected tries out, and ``extra_info`` keeps them.
 
 The matrix follows ``--pcb-profile`` (see ``pyconcbench.zmq.cases``): ``quick`` (default) is
 every mode at 200 B / 1 in flight / TCP plus a few variants, ``full`` every mode x 200 B, 1 KiB,
@@ -21,7 +24,8 @@ import pytest
 
 from pyconcbench import machine
 from pyconcbench import zmq as pcbzmq
-from pyconcbench.plugin import OTHER_CPU_NOISY_SHARE, PROFILES, ROUND_CLOCK, SETTINGS_KEY
+from pyconcbench.plugin import (OTHER_CPU_NOISY_SHARE, PROBE_NOISY_FACTOR, PROBE_NOISY_MARGIN_NS, PROFILES,
+                                ROUND_CLOCK, SETTINGS_KEY)
 
 #: Unmeasured requests before the first round, at most.
 WARMUP = 500
@@ -50,38 +54,52 @@ def pytest_generate_tests(metafunc):
     ])
 
 
-def noisy(result):
-    """Why a round is noisy (other processes busy during it), or ''."""
-    if result.other_cpu is None:
-        return ""
-    tick = 1.0 / machine.CLK_TCK
-    if result.other_cpu - 2 * tick > OTHER_CPU_NOISY_SHARE * result.elapsed:
-        return "other processes used %.0f%% of a CPU" % (100 * result.other_cpu / result.elapsed)
+def noisy(result, probes, baseline):
+    """Why a round is noisy, or '': the CPUs' cache-line round trip far above the quiet
+    machine's ``baseline`` before or after it, or other processes busy during it."""
+    if baseline and probes:
+        limit = max(baseline * PROBE_NOISY_FACTOR, baseline + PROBE_NOISY_MARGIN_NS)
+        worst = max(probes)
+        if worst > limit:
+            return "cache-line probe %.0f ns > %.0f ns" % (worst, limit)
+    if result.other_cpu is not None:
+        tick = 1.0 / machine.CLK_TCK
+        if result.other_cpu - 2 * tick > OTHER_CPU_NOISY_SHARE * result.elapsed:
+            return "other processes used %.0f%% of a CPU" % (100 * result.other_cpu / result.elapsed)
     return ""
 
 
-def test_zmq(zmq_case, benchmark, pcb_settings):
+def test_zmq(zmq_case, benchmark, pcb_settings, pcb_probe_baseline):
     requests = pcb_settings.messages or zmq_case.requests
     rounds = pcb_settings.rounds or PROFILES[pcb_settings.profile]().rounds
     retries = pcb_settings.noise_retries
+    cpus = pcb_settings.cpus
     session = pcbzmq.Session(zmq_case.mode, size=zmq_case.size, inflight=zmq_case.inflight,
                              transport=zmq_case.transport, timeout=pcb_settings.stall_timeout,
-                             cpus=pcb_settings.cpus)
-    results, notes, rejected = [], [], []
+                             cpus=cpus)
+    results, records, rejected = [], [], []
+
+    def probe():
+        return machine.cacheline_rtt(cpus[0], cpus[1]) if cpus else None
 
     def one_round():
         entered = time.perf_counter()
         for attempt in range(retries + 1):
+            before = probe()
             started = time.perf_counter()
             result = session.round(requests)
             finished = time.perf_counter()
-            note = noisy(result)
+            after = probe()
+            probes = [p for p in (before, after) if p is not None]
+            note = noisy(result, probes, pcb_probe_baseline)
+            record = {"probe_before_ns": _ns(before), "probe_after_ns": _ns(after), "noisy": note or None,
+                      "attempt": attempt}
             if not note or attempt == retries:
                 results.append(result)
-                notes.append(note)
+                records.append(record)
                 ROUND_CLOCK.excluded += (time.perf_counter() - entered) - (finished - started)
                 return
-            rejected.append((result, note))
+            rejected.append(dict(result.as_dict(), **record))
 
     skipped = failure = None
     try:
@@ -102,12 +120,17 @@ def test_zmq(zmq_case, benchmark, pcb_settings):
     info = benchmark.extra_info
     info.update(session.describe())
     info.update(pcbzmq.summarize(results))
-    for record, note in zip(info["rounds"], notes):
-        record["noisy"] = note or None
-    info["noisy_rounds_kept"] = sum(1 for note in notes if note)
+    for summary, record in zip(info["rounds"], records):
+        summary.update(record)
+    info["probe_baseline_ns"] = _ns(pcb_probe_baseline)
+    info["noisy_rounds_kept"] = sum(1 for record in records if record["noisy"])
     info["noisy_rounds_rejected"] = len(rejected)
-    info["rejected_rounds"] = [dict(r.as_dict(), noisy=note) for r, note in rejected]
+    info["rejected_rounds"] = rejected
     info["timer"] = "wall time of one round of verified requests (rejected noisy rounds left out)"
 
     assert 1 <= len(results) <= rounds  # one with --benchmark-disable
     assert all(r.requests == requests and len(r.latencies_ns) == requests for r in results)
+
+
+def _ns(value):
+    return None if value is None else round(value, 1)

@@ -22,6 +22,11 @@ default loop) are listed with ``python -c "import pyconcbench.zmq as z; print(*z
 A mode whose dependency is missing, or does not import on this Python, raises
 ``Unavailable`` with the reason when a session opens.
 
+Requests in flight (``inflight`` = k): ``pyzmq_single`` sends k, serves k, receives k (one
+thread cannot do otherwise with blocking calls); ``aiozmq_rpc`` runs k coroutines that each
+await one call at a time; every other mode keeps a window of k, sending the next request as
+each reply arrives.  k = 1 is the study's loop everywhere.
+
 This package never imports pyzmq or aiozmq at import time: the modes load them on first use.
 Inside it ``import zmq`` is absolute and means pyzmq.
 """

@@ -12,52 +12,11 @@ from typing import Any, List, Optional
 import aiozmq
 import zmq
 
-from ._common import FaultyEcho, Ledger, RoundError, Spec, bind, close_loop, new_loop, run_bounded
+from ._asyncio import Loop
+from ._common import FaultyEcho, Ledger, RoundError, Spec, bind, run_bounded
 
 #: How long closing the transports may take before the sockets are closed by force.
 CLOSE_TIMEOUT = 5.0
-
-
-class Loop:
-    """An event loop of the spec's kind owned by the workload, and the setup/teardown shape."""
-
-    def __init__(self, spec: Spec) -> None:
-        self.spec = spec
-        self.server_pid: Optional[int] = None
-        self.loop: Any = None
-
-    def start(self) -> None:
-        self.loop = new_loop(self.spec.loop)
-        try:
-            self.loop.run_until_complete(self._setup())
-        except (OSError, zmq.ZMQError) as exc:
-            self.stop()
-            raise RoundError("%s: cannot set up the %s sockets: %s" % (self.spec.mode, self.spec.transport, exc)) from None
-        except BaseException:
-            self.stop()
-            raise
-
-    def stop(self) -> None:
-        try:
-            if self.loop is not None and not self.loop.is_closed():
-                try:
-                    self.loop.run_until_complete(self._teardown())
-                finally:
-                    close_loop(self.loop)
-        finally:
-            self._release()
-
-    async def _setup(self) -> None:
-        raise NotImplementedError
-
-    async def _teardown(self) -> None:
-        raise NotImplementedError
-
-    def _release(self) -> None:
-        raise NotImplementedError
-
-
-# ---- aiozmq_core --------------------------------------------------------------------------
 
 class _Closing(aiozmq.ZmqProtocol):
     def __init__(self) -> None:

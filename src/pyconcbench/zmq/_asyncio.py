@@ -15,29 +15,57 @@ import zmq.asyncio
 from ._common import FaultyEcho, Ledger, RoundError, Spec, bind, close_loop, new_loop, run_bounded
 
 
-class ZmqAsyncio:
+class Loop:
+    """An event loop of the spec's kind owned by a workload: ``start()`` runs ``_setup()`` on
+    it; ``stop()`` runs ``_teardown()``, cancels what is left, closes the loop, then
+    ``_release()`` closes the sockets and terminates the contexts (also after a failed setup)."""
+
     def __init__(self, spec: Spec) -> None:
         self.spec = spec
         self.server_pid: Optional[int] = None
         self.loop: Any = None
-        self.ctx: Any = None
-        self.router: Any = None
-        self.dealer: Any = None
-        self.server: Optional[asyncio.Future] = None
 
     def start(self) -> None:
         self.loop = new_loop(self.spec.loop)
-        self.ctx = zmq.asyncio.Context()
         try:
             self.loop.run_until_complete(self._setup())
-        except zmq.ZMQError as exc:
+        except (OSError, zmq.ZMQError) as exc:
             self.stop()
             raise RoundError("%s: cannot set up the %s sockets: %s" % (self.spec.mode, self.spec.transport, exc)) from None
         except BaseException:
             self.stop()
             raise
 
+    def stop(self) -> None:
+        try:
+            if self.loop is not None and not self.loop.is_closed():
+                try:
+                    self.loop.run_until_complete(self._teardown())
+                finally:
+                    close_loop(self.loop)
+        finally:
+            self._release()
+
     async def _setup(self) -> None:
+        raise NotImplementedError
+
+    async def _teardown(self) -> None:
+        raise NotImplementedError
+
+    def _release(self) -> None:
+        raise NotImplementedError
+
+
+class ZmqAsyncio(Loop):
+    def __init__(self, spec: Spec) -> None:
+        super().__init__(spec)
+        self.ctx: Any = None
+        self.router: Any = None
+        self.dealer: Any = None
+        self.server: Optional[asyncio.Future] = None
+
+    async def _setup(self) -> None:
+        self.ctx = zmq.asyncio.Context()
         self.router = self.ctx.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.LINGER, 0)
         endpoint = bind(self.router, self.spec)
@@ -91,19 +119,12 @@ class ZmqAsyncio:
     def run(self, requests: int, ledger: Ledger) -> None:
         run_bounded(self.loop, self._client(requests, ledger), ledger, self.problem)
 
-    def stop(self) -> None:
-        try:
-            if self.loop is not None and not self.loop.is_closed():
-                try:
-                    self.loop.run_until_complete(self._teardown())
-                finally:
-                    close_loop(self.loop)
-        finally:
-            for sock in (self.dealer, self.router):
-                if sock is not None and not sock.closed:
-                    sock.close(linger=0)
-            if self.ctx is not None and not self.ctx.closed:
-                self.ctx.term()
+    def _release(self) -> None:
+        for sock in (self.dealer, self.router):
+            if sock is not None and not sock.closed:
+                sock.close(linger=0)
+        if self.ctx is not None and not self.ctx.closed:
+            self.ctx.term()
 
     async def _teardown(self) -> None:
         if self.server is not None and not self.server.done():
