@@ -9,14 +9,14 @@ ahead.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from typing import Any, Dict, Optional
+
+from pyconcbench import gobuild
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "go", "switch.go")
 BUILD_TIMEOUT = 300.0
@@ -28,69 +28,15 @@ class GoUnavailable(RuntimeError):
     """No usable Go toolchain (the message says why, in one line)."""
 
 
-def cache_root() -> str:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "pyconcbench")
-
-
-def _all_cpus() -> None:
-    """In the build process: every CPU, not just the one the caller may be pinned to."""
-    try:
-        os.sched_setaffinity(0, range(os.cpu_count() or 1))
-    except (OSError, ValueError):
-        pass
-
-
 def build() -> str:
     """Returns the path of the built program, building it first unless a build of this source
     with this Go toolchain is cached.  Raises GoUnavailable when it cannot."""
-    go = shutil.which("go")
-    if go is None:
+    if shutil.which("go") is None:
         raise GoUnavailable("the Go baselines need 'go' on PATH (not found)")
     try:
-        with open(SOURCE, "rb") as f:
-            code = f.read()
-        real_go = os.path.realpath(go)
-        st = os.stat(real_go)
-    except OSError as exc:
+        return gobuild.build(SOURCE, "micro_go", "switch", BUILD_TIMEOUT)
+    except gobuild.GoBuildError as exc:
         raise GoUnavailable(f"cannot build the Go baselines: {exc}") from None
-    key = hashlib.sha256(
-        code + ("\0%s\0%d\0%d" % (real_go, st.st_size, st.st_mtime_ns)).encode()
-    ).hexdigest()[:16]
-    root = cache_root()
-    target_dir = os.path.join(root, f"micro_go-{key}")
-    binary = os.path.join(target_dir, "switch")
-    if os.access(binary, os.X_OK):
-        return binary
-    try:
-        os.makedirs(target_dir, exist_ok=True)
-        tmp_dir = tempfile.mkdtemp(prefix="build-", dir=target_dir)
-    except OSError as exc:
-        raise GoUnavailable(f"cannot build the Go baselines: {exc}") from None
-    env = dict(
-        os.environ,
-        GOCACHE=os.path.join(root, "go-build"),
-        GOPATH=os.path.join(root, "gopath"),
-        GOFLAGS="", GO111MODULE="", GOTOOLCHAIN="local", CGO_ENABLED="0",
-    )
-    try:
-        result = subprocess.run(
-            [go, "build", "-o", os.path.join(tmp_dir, "switch"), SOURCE],
-            cwd=tmp_dir, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, timeout=BUILD_TIMEOUT, preexec_fn=_all_cpus,
-        )
-        if result.returncode != 0:
-            lines = result.stdout.decode("utf-8", "replace").strip().splitlines()
-            detail = "; ".join(line.strip() for line in lines[:3]) or "no output"
-            raise GoUnavailable(f"go build exited with code {result.returncode}: {detail}")
-        os.replace(os.path.join(tmp_dir, "switch"), binary)  # atomic: concurrent builds are fine
-    except subprocess.TimeoutExpired:
-        raise GoUnavailable(f"go build did not finish within {BUILD_TIMEOUT:g} s") from None
-    except OSError as exc:
-        raise GoUnavailable(f"cannot build the Go baselines: {exc}") from None
-    finally:
-        shutil.rmtree(tmp_dir, ignore_errors=True)
-    return binary
 
 
 def run(case: str, loops: int, goroutines: int = 1, cpu: Optional[int] = None,
