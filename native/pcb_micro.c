@@ -233,6 +233,28 @@ static void stack_free(void *stack, size_t size)
     munmap((char *)stack - page, size + (size_t)page);
 }
 
+
+/* Allocates a coroutine stack and prepares uc to start entry on it (the coroutine never
+ * returns: uc_link is NULL).  Returns the stack, or NULL after fail() with nothing left
+ * allocated. */
+static void *co_prepare(run *r, ucontext_t *uc, void (*entry)(void))
+{
+    void *stack = stack_alloc(r, CO_STACK_SIZE);
+    if (!stack)
+        return NULL;
+    if (getcontext(uc) != 0) {
+        int e = errno;
+        stack_free(stack, CO_STACK_SIZE);
+        fail(r, e, "getcontext");
+        return NULL;
+    }
+    uc->uc_stack.ss_sp = stack;
+    uc->uc_stack.ss_size = CO_STACK_SIZE;
+    uc->uc_link = NULL;
+    makecontext(uc, entry, 0);
+    return stack;
+}
+
 /* ---- setjmp/longjmp between two stacks ----------------------------------------------
  *
  * How the second stack is made: once, with getcontext/makecontext/swapcontext (the
@@ -277,24 +299,14 @@ PCB_NOINLINE static void micro_jmp_to_co(jmp_co *s)
 
 static int case_setjmp_longjmp(run *r, uint64_t n, pcb_micro_result *res)
 {
-    void *stack = stack_alloc(r, CO_STACK_SIZE);
-    if (!stack)
-        return -1;
     jmp_co *s = calloc(1, sizeof(*s));
-    if (!s) {
-        stack_free(stack, CO_STACK_SIZE);
+    if (!s)
         return fail(r, ENOMEM, "calloc");
-    }
-    if (getcontext(&s->co_uc) != 0) {
-        int e = errno;
+    void *stack = co_prepare(r, &s->co_uc, micro_jmp_co_entry);
+    if (!stack) {
         free(s);
-        stack_free(stack, CO_STACK_SIZE);
-        return fail(r, e, "getcontext");
+        return -1;
     }
-    s->co_uc.uc_stack.ss_sp = stack;
-    s->co_uc.uc_stack.ss_size = CO_STACK_SIZE;
-    s->co_uc.uc_link = NULL; /* the coroutine never returns */
-    makecontext(&s->co_uc, micro_jmp_co_entry, 0);
     tls_jmp = s;
     micro_jmp_start(s);
     for (uint64_t i = 0; i < warm_count(n); i++)
@@ -333,24 +345,14 @@ static void micro_uc_entry(void)
 
 static int case_swapcontext(run *r, uint64_t n, pcb_micro_result *res)
 {
-    void *stack = stack_alloc(r, CO_STACK_SIZE);
-    if (!stack)
-        return -1;
     uc_co *s = calloc(1, sizeof(*s));
-    if (!s) {
-        stack_free(stack, CO_STACK_SIZE);
+    if (!s)
         return fail(r, ENOMEM, "calloc");
-    }
-    if (getcontext(&s->co_uc) != 0) {
-        int e = errno;
+    void *stack = co_prepare(r, &s->co_uc, micro_uc_entry);
+    if (!stack) {
         free(s);
-        stack_free(stack, CO_STACK_SIZE);
-        return fail(r, e, "getcontext");
+        return -1;
     }
-    s->co_uc.uc_stack.ss_sp = stack;
-    s->co_uc.uc_stack.ss_size = CO_STACK_SIZE;
-    s->co_uc.uc_link = NULL;
-    makecontext(&s->co_uc, micro_uc_entry, 0);
     tls_uc = s;
     for (uint64_t i = 0; i < warm_count(n); i++)
         swapcontext(&s->main_uc, &s->co_uc);
