@@ -9,16 +9,18 @@ ini file (``pcb_*``), else the profile; a bad value names where it came from.
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import re
 import statistics
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import pytest
 
-from . import harness, loadgen, machine, servers, syscalls
+from . import gate, harness, loadgen, machine, servers, syscalls
 from .summary import echo_table, size_label, syscall_table
 
 # ---- settings ---------------------------------------------------------------------------
@@ -136,6 +138,25 @@ def parse_bool(text: str) -> bool:
     raise ValueError(f"{text!r} is not yes or no")
 
 
+def parse_fail_on(text: str) -> str:
+    """Checks a fail-on expression (see pyconcbench.gate); keeps its text."""
+    try:
+        gate.parse_fail_on(text)
+    except gate.GateSpecError as exc:
+        raise ValueError(str(exc)) from None
+    return text
+
+
+def parse_alpha(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"expected a significance level such as 0.05, got {text!r}") from None
+    if not 0.0 < value < 1.0:
+        raise ValueError(f"the significance level must be between 0 and 1, got {text!r}")
+    return value
+
+
 def parse_profile(text: str) -> str:
     if text not in PROFILES:
         raise ValueError(f"{text!r} is not a profile ({', '.join(PROFILES)})")
@@ -222,6 +243,15 @@ OPTIONS: Dict[str, Tuple[Callable[[str], Any], Optional[str], str, str]] = {
                  "(perf, else strace; slows the server)", "yes|no"),
     "noise-retries": (parse_positive_int, "3", "how often a noisy round is measured again", "N"),
     "stall-timeout": (parse_seconds, "10", "fail a round when no round trip completes for this long", "SECONDS"),
+    "fail-on": (parse_fail_on, None, "regression gate against --benchmark-compare's baseline: comma-separated "
+                "[SCOPE@]METRIC:THRESHOLD, e.g. 'msgs_per_s:-10%%,latency_p99:+25%%' (see pyconcbench.gate); "
+                "a regression fails its test item", "EXPR"),
+    "fail-alpha": (parse_alpha, "0.05", "significance level of the gate's one-sided Mann-Whitney U test "
+                   "over the per-round samples", "P"),
+    "gate-markdown": (str, None, "append the gate's Markdown summary to this file (e.g. $GITHUB_STEP_SUMMARY)",
+                      "FILE"),
+    "allow-machine-change": (parse_bool, "no", "gate even when the baseline's CPU model, CPU count, kernel "
+                             "or Python differ from this machine's", "yes|no"),
 }
 
 
@@ -238,6 +268,10 @@ class Settings:
     stall_timeout: float
     mallocs: Tuple[str, ...] = ("default",)
     syscalls: bool = False
+    fail_on: Optional[str] = None
+    fail_alpha: float = 0.05
+    gate_markdown: Optional[str] = None
+    allow_machine_change: bool = False
     pinning_note: str = ""
     sources: Dict[str, str] = field(default_factory=dict)
 
@@ -312,6 +346,10 @@ def resolve_settings(config: pytest.Config) -> Settings:
         stall_timeout=values["stall-timeout"],
         mallocs=values["malloc"],
         syscalls=values["syscalls"],
+        fail_on=values["fail-on"],
+        fail_alpha=values["fail-alpha"],
+        gate_markdown=values["gate-markdown"],
+        allow_machine_change=values["allow-machine-change"],
         pinning_note=note,
         sources=sources,
     )
@@ -328,14 +366,19 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         env = "PCB_" + name.replace("-", "_").upper()
         group.addoption(f"--pcb-{name}", dest=dest, metavar=metavar, default=None,
                         help=f"{help_text}; env {env}, ini {dest}. Default: {default!r}")
-        parser.addini(dest, help=f"pyconcbench: {help_text}", default=None)
+        parser.addini(dest, help="pyconcbench: " + help_text.replace("%%", "%"), default=None)
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "pcb_fail_on(expr): this test's own regression-gate thresholds, e.g. "
+                   "pcb_fail_on('latency_p99:+50%'); wins over --pcb-fail-on")
     if config.option.help:
         return
-    config.stash[SETTINGS_KEY] = resolve_settings(config)
+    settings = config.stash[SETTINGS_KEY] = resolve_settings(config)
     config.stash[RESULTS_KEY] = []
+    if settings.fail_on:
+        config.pluginmanager.register(GatePlugin(config, settings), GatePlugin.NAME)
 
 
 def pytest_report_header(config: pytest.Config) -> List[str]:
@@ -615,6 +658,9 @@ class EchoOutcome:
             "rounds": [_round_dict(r) for r in recs],
             "rejected_rounds": [_round_dict(r) for r in runner.rejected],
         }
+        slow = os.environ.get(servers.SLOWDOWN_ENV, "").strip()
+        if slow and case.impl in servers.SLOWDOWN_IMPLS:
+            extra["test_slowdown_ns"] = int(slow)  # the test-only knob was on: not a real result
         return cls(case, len(recs), runner.messages, completed, errors, extra)
 
     def fill(self, extra_info: Dict[str, Any]) -> None:
@@ -630,6 +676,8 @@ def _round_dict(rec: RoundRecord) -> Dict[str, Any]:
         "completed": r.completed,
         "elapsed": round(r.elapsed, 6),
         "latency_p50_us": _us(r.latency["p50"]),
+        "latency_p90_us": _us(r.latency["p90"]),
+        "latency_p95_us": _us(r.latency["p95"]),
         "latency_p99_us": _us(r.latency["p99"]),
         "fairness_jain": round(r.fairness.jain, 4),
         "loadgen_cpu_share": round(r.loadgen_cpu_share, 3),
@@ -671,7 +719,149 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     report = yield
     if report.when == "call" and report.failed:
         item.stash[CALL_FAILED_KEY] = True
+    if report.when == "call":
+        # the test's own gate thresholds travel with its results, for `pyconcbench compare`
+        text = marker_fail_on(item)
+        bench = getattr(item, "funcargs", {}).get("benchmark")
+        if text and bench is not None:
+            bench.extra_info["pcb_fail_on"] = text
     return report
+
+
+def marker_fail_on(item: pytest.Item) -> Optional[str]:
+    """The expression of the test's closest ``pcb_fail_on`` marker, or None."""
+    marker = item.get_closest_marker("pcb_fail_on")
+    if marker is None:
+        return None
+    if len(marker.args) != 1 or not isinstance(marker.args[0], str):
+        raise pytest.UsageError(f"{item.nodeid}: pcb_fail_on takes one expression string, "
+                                f"e.g. pcb_fail_on('latency_p99:+50%')")
+    return marker.args[0]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: List[pytest.Item]) -> None:
+    for item in items:
+        text = marker_fail_on(item)
+        if text is None:
+            continue
+        try:
+            gate.parse_fail_on(text)
+        except gate.GateSpecError as exc:
+            raise pytest.UsageError(f"{item.nodeid}: pcb_fail_on marker: {exc}") from None
+
+
+# ---- the regression gate ------------------------------------------------------------------
+
+class GatePlugin:
+    """Registered when --pcb-fail-on is given: compares each benchmark, as its test finishes,
+    with the same test in --benchmark-compare's baseline, and turns a regression into a
+    failure of that test with one line per regressed metric."""
+
+    NAME = "pyconcbench-gate"
+
+    def __init__(self, config: pytest.Config, settings: Settings) -> None:
+        self.rules = gate.parse_fail_on(settings.fail_on or "")
+        self.settings = settings
+        self.result = gate.GateResult(alpha=settings.fail_alpha)
+        self.baseline: Dict[str, Dict[str, Any]] = {}
+        self.baseline_name = ""
+        self.problem = ""
+        self.facts_note = ""
+        source = settings.sources.get("fail-on", "--pcb-fail-on")
+        if config.getoption("benchmark_disable", False):
+            raise pytest.UsageError(f"{source}: the gate compares measured rounds; it cannot work with "
+                                    "--benchmark-disable")
+        if not config.getoption("benchmark_compare", None):
+            raise pytest.UsageError(f"{source}: the gate needs a baseline: add --benchmark-compare (the "
+                                    "newest saved run) or --benchmark-compare=NUM")
+        self.config = config
+        self.source = source
+
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        """Reads the baseline pytest-benchmark loaded for --benchmark-compare (its
+        pytest_configure has run by now)."""
+        settings = self.settings
+        bs = getattr(self.config, "_benchmarksession", None)
+        mapping = getattr(bs, "compared_mapping", None) or {}
+        if not mapping:
+            where = getattr(bs, "storage", None) or "the benchmark storage"
+            self.problem = (f"no baseline: --benchmark-compare found no saved run in {where}, so nothing "
+                            "was gated (save one first: --benchmark-autosave)")
+            return
+        path = list(mapping)[-1]
+        self.baseline = mapping[path]
+        self.baseline_name = str(path)
+        try:
+            data = json.loads((Path(str(bs.storage)) / path).read_text(encoding="utf8"))
+        except (OSError, ValueError):
+            data = {}
+        diffs = gate.fact_differences(data.get("machine_info", {}), {"pyconcbench": machine.machine_facts()})
+        if diffs and not settings.allow_machine_change:
+            raise pytest.UsageError(
+                f"{self.source}: the baseline {path} was measured on a different machine or Python ("
+                + "; ".join(diffs) + "): its numbers are not comparable; pass --pcb-allow-machine-change "
+                "yes to gate anyway")
+        if diffs:
+            self.facts_note = "machine facts differ from the baseline's (gated anyway): " + "; ".join(diffs)
+
+    @staticmethod
+    def bench_dict(bench: Any) -> Optional[Dict[str, Any]]:
+        meta = getattr(bench, "stats", None)
+        st = getattr(meta, "stats", None)
+        if st is None:
+            return None
+        return {"name": bench.name, "fullname": bench.fullname, "group": bench.group,
+                "extra_info": bench.extra_info,
+                "stats": {"median": st.median, "data": list(st.data)}}
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo):
+        report = yield
+        if report.when != "call" or not report.passed or self.problem:
+            return report
+        new = self.bench_dict(getattr(item, "funcargs", {}).get("benchmark"))
+        if new is None:
+            return report
+        text = marker_fail_on(item)
+        marker_rules = gate.parse_fail_on(text) if text else []
+        changes = gate.check_bench(self.baseline.get(new["fullname"]), new, self.rules, marker_rules,
+                                   self.settings.fail_alpha)
+        self.result.changes.extend(changes)
+        failed = [c for c in changes if c.failed]
+        if failed:
+            report.outcome = "failed"
+            report.longrepr = "\n".join(f"pyconcbench gate: {c.line()}" for c in failed)
+        return report
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        tr = terminalreporter
+        tr.write_sep("-", "pyconcbench regression gate")
+        if self.problem:
+            tr.write_line(f"pyconcbench gate: {self.problem}")
+            return
+        res = self.result
+        counts: Dict[str, int] = {}
+        for c in res.changes:
+            counts[c.status] = counts.get(c.status, 0) + 1
+        tr.write_line(f"baseline {self.baseline_name}; fail-on {self.settings.fail_on}; alpha "
+                      f"{self.settings.fail_alpha:g}; " + (", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+                                                          or "no gated metric in the tests that ran"))
+        if self.facts_note:
+            tr.write_line(self.facts_note)
+        for c in res.changes:
+            if c.status in ("regression", "within noise", "improved"):
+                tr.write_line(f"{c.status.upper():>12}  {c.test} {c.metric} {gate.fmt_change(c.change)} "
+                              f"(p={'-' if c.p_value is None else format(c.p_value, '.3g')})")
+        if self.settings.gate_markdown:
+            context = [f"Baseline `{self.baseline_name}`; fail-on `{self.settings.fail_on}`."]
+            if self.facts_note:
+                context.append(self.facts_note)
+            try:
+                with open(self.settings.gate_markdown, "a", encoding="utf8") as fh:
+                    fh.write(gate.markdown(res, context=context) + "\n")
+                tr.write_line(f"gate summary appended to {self.settings.gate_markdown}")
+            except OSError as exc:
+                tr.write_line(f"pyconcbench gate: cannot write {self.settings.gate_markdown}: {exc.strerror}")
 SYSCALL_TOOL_KEY = pytest.StashKey[Optional[str]]()
 
 

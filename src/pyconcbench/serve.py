@@ -226,6 +226,19 @@ def _usage(serve) -> dict:
     return {"user": usage.ru_utime, "system": usage.ru_stime, "maxrss_kib": usage.ru_maxrss}
 
 
+def check_slowdown(impl: str) -> int:
+    """The test-only slowdown knob, checked: raises Unusable when it is malformed or set for
+    a server that does not implement it (so it is never silently ignored)."""
+    try:
+        ns = servers.slowdown_ns()
+    except ValueError as exc:
+        raise Unusable(str(exc)) from None
+    if ns and impl not in servers.SLOWDOWN_IMPLS:
+        raise Unusable("%s (test-only) is set, but only %s implement it, not %s"
+                       % (servers.SLOWDOWN_ENV, ", ".join(servers.SLOWDOWN_IMPLS), impl))
+    return ns
+
+
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -241,6 +254,7 @@ def main(argv=None) -> int:
         if args.cpu is not None:
             pin(args.cpu)
         servers.BACKLOG = args.backlog  # before the module imports it, for frameworks that re-listen
+        check_slowdown(args.impl)
         serve = servers.load(args.impl)
         sock = listen(args)
     except (Unusable, servers.UnknownImpl, servers.MissingDependency) as exc:

@@ -9,7 +9,9 @@ from __future__ import annotations
 import errno
 import importlib
 import importlib.util
+import os
 import shutil
+import time
 from typing import Callable, NamedTuple, Tuple
 
 
@@ -43,6 +45,31 @@ IMPLS = {
     "go_net": Impl("go_net", (), "Go net.Conn Read/Write loop, GOMAXPROCS=1", ("go",)),
     "node_net": Impl("node_net", (), "Node.js net.createServer", ("node",)),
 }
+
+#: Test-only knob: ``PCB_TEST_SLOWDOWN_NS=N`` makes the servers below busy-wait N ns of CPU for
+#: every chunk they receive (one per message in a closed-loop echo of small messages), so the
+#: regression gate can be shown to catch a slowdown of a known size.  Other servers refuse to
+#: start while it is set; results carry ``test_slowdown_ns``.  Never set it for real runs.
+SLOWDOWN_ENV = "PCB_TEST_SLOWDOWN_NS"
+SLOWDOWN_IMPLS = ("asyncio_protocol", "uvloop_protocol")
+
+
+def slowdown_ns() -> int:
+    """The test-only slowdown in ns per received chunk (0 when unset); ValueError if malformed."""
+    text = os.environ.get(SLOWDOWN_ENV, "").strip()
+    if not text:
+        return 0
+    if not text.isdigit() or int(text) > 10_000_000_000:
+        raise ValueError(f"{SLOWDOWN_ENV} must be a whole number of nanoseconds (0 .. 1e10), got {text!r}")
+    return int(text)
+
+
+def spin(ns: int) -> None:
+    """Busy-waits ``ns`` nanoseconds (CPU work, not a sleep)."""
+    end = time.perf_counter_ns() + ns
+    while time.perf_counter_ns() < end:
+        pass
+
 
 #: accept() errors about one aborted incoming connection (Linux passes pending network errors
 #: to accept): a server skips it and goes on accepting.

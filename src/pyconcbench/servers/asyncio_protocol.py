@@ -100,12 +100,26 @@ async def wait_readable(fd: int) -> None:
         loop.remove_reader(fd)
 
 
+class SlowEchoProtocol(EchoProtocol):
+    """EchoProtocol plus the test-only slowdown (``servers.SLOWDOWN_ENV``) per chunk received."""
+
+    slowdown_ns = 0
+
+    def data_received(self, data: bytes) -> None:
+        servers.spin(self.slowdown_ns)
+        super().data_received(data)
+
+
 async def serve_async(sock: socket.socket, stop_fd: int, stats: Stats,
                       protocol: Callable[[Stats, Connections], EchoBase] = EchoProtocol) -> None:
     """Serves on the running loop (any asyncio loop, uvloop included) until stop_fd is readable,
     one ``protocol(stats, connections)`` per connection."""
     loop = asyncio.get_running_loop()
     connections = Connections()
+    slow = servers.slowdown_ns()
+    if slow and protocol is EchoProtocol:
+        SlowEchoProtocol.slowdown_ns = slow
+        protocol = SlowEchoProtocol
 
     def factory() -> EchoBase:
         return protocol(stats, connections)

@@ -222,12 +222,14 @@ class RoundResult:
 
     def as_dict(self) -> Dict[str, Any]:
         """The round as plain values (no raw latencies): what extra_info keeps per round."""
-        p50, p99 = self.latency_percentiles((50, 99))
+        p50, p90, p95, p99 = self.latency_percentiles((50, 90, 95, 99))
         return {
             "requests": self.requests,
             "elapsed": round(self.elapsed, 6),
             "requests_per_s": round(self.requests_per_s, 1),
             "latency_p50_us": _us(p50),
+            "latency_p90_us": _us(p90),
+            "latency_p95_us": _us(p95),
             "latency_p99_us": _us(p99),
             "cpu_us_per_req": round(self.cpu / self.requests * 1e6, 3),
             "server_cpu_us_per_req": (None if self.server_cpu is None
@@ -261,7 +263,7 @@ def summarize(results: Sequence[RoundResult]) -> Dict[str, Any]:
     merged: List[int] = []
     for r in results:
         merged.extend(r.latencies_ns)
-    p50, p90, p99, p999 = percentiles(merged, (50, 90, 99, 99.9))
+    p50, p90, p95, p99, p999 = percentiles(merged, (50, 90, 95, 99, 99.9))
     server = [r.server_cpu for r in results]
     others = [r.other_cpu / r.elapsed for r in results if r.other_cpu is not None]
     return {
@@ -270,6 +272,7 @@ def summarize(results: Sequence[RoundResult]) -> Dict[str, Any]:
         "requests_per_s_median": round(statistics.median(r.requests_per_s for r in results), 1),
         "latency_p50_us": _us(p50),
         "latency_p90_us": _us(p90),
+        "latency_p95_us": _us(p95),
         "latency_p99_us": _us(p99),
         "latency_p99_9_us": _us(p999),
         "latency_max_us": _us(max(merged)),

@@ -1,0 +1,180 @@
+"""``pyconcbench``: reports and the offline regression gate over saved pytest-benchmark runs.
+
+    pyconcbench report [RUN ...] [--png DIR] [--html FILE] [--by-python]
+    pyconcbench compare BASE NEW [--fail-on EXPR] [--markdown FILE]
+
+Exit status: 0 done (no regression), 1 regression found, 2 usage error or unreadable run.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+from pyconcbench import gate, report
+from pyconcbench.results import DEFAULT_STORAGE, ResultsError, Run, load_runs, merged_benchmarks, split
+
+#: What ``pyconcbench compare`` gates when --fail-on is not given.
+DEFAULT_FAIL_ON = "msgs_per_s:-10%,requests_per_s:-10%,latency_p99:+25%,ns_per_op:+10%"
+
+RUN_HELP = ("a saved run: a JSON file, or a file-name prefix in the storage folder as "
+            "--benchmark-compare takes it (0003, 0003_abc, Linux-CPython-3.11-64bit/0003)")
+
+
+def add_storage(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--storage", "-s", metavar="DIR", default=DEFAULT_STORAGE,
+                   help="pytest-benchmark's storage folder (file:// URLs accepted). Default: %(default)r")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="pyconcbench",
+        description="Reports and the regression gate over pyconcbench's saved runs "
+                    "(pytest-benchmark JSON, in .benchmarks/ by default).")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    r = sub.add_parser("report", help="the studies' tables (Markdown), plots and an HTML page",
+                       description="Markdown tables of saved runs on stdout: echo throughput with its "
+                                   "spread, relative speed, ratio to native_epoll, latency, server CPU and "
+                                   "the model's excess, fairness; message sizes; switch costs; ZeroMQ.")
+    r.add_argument("runs", nargs="*", metavar="RUN", help=RUN_HELP + ". Default: the newest saved run")
+    add_storage(r)
+    r.add_argument("--png", metavar="DIR", help="write the plots as PNG files into DIR (needs matplotlib)")
+    r.add_argument("--html", metavar="FILE", help="write one self-contained HTML page (tables, plots inline)")
+    r.add_argument("--by-python", action="store_true",
+                   help="the runs are of different Python versions: tables of implementation x version")
+    r.add_argument("--output", "-o", metavar="FILE", help="write the Markdown to FILE instead of stdout")
+
+    c = sub.add_parser("compare", help="the regression gate: BASE against NEW, direction-aware",
+                       description="Gate NEW against BASE: a metric regresses when its median over the "
+                                   "rounds is worse than the threshold AND a one-sided Mann-Whitney U test "
+                                   "over the per-round samples gives p <= alpha. Prints a Markdown summary; "
+                                   "exits 1 on a regression, with one line per regression on stderr.")
+    c.add_argument("base", metavar="BASE", help=RUN_HELP)
+    c.add_argument("new", metavar="NEW", help=RUN_HELP)
+    add_storage(c)
+    c.add_argument("--fail-on", metavar="EXPR",
+                   help="comma-separated [SCOPE@]METRIC:THRESHOLD items, e.g. 'msgs_per_s:-10%%,latency_p99:+25%%'; "
+                        "SCOPE is a glob on the group or test name; a threshold's sign, if given, must point "
+                        "the worse way; 'off' ungates. Metrics: " + ", ".join(sorted(gate.METRICS))
+                        + ". Default: " + repr(DEFAULT_FAIL_ON).replace("%", "%%"))
+    c.add_argument("--alpha", metavar="P", type=float, default=gate.DEFAULT_ALPHA,
+                   help="significance level of the one-sided Mann-Whitney U test over the per-round "
+                        "samples. Default: %(default)s")
+    c.add_argument("--markdown", metavar="FILE",
+                   help="also append the Markdown summary to FILE (e.g. \"$GITHUB_STEP_SUMMARY\")")
+    c.add_argument("--allow-machine-change", action="store_true",
+                   help="compare even when CPU model, CPU count, kernel or Python differ between the runs")
+    return p
+
+
+def _fail(msg: str) -> int:
+    print(f"pyconcbench: error: {msg}", file=sys.stderr)
+    return 2
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    runs = load_runs(args.runs, args.storage)
+    if args.by_python:
+        if len(runs) < 2:
+            return _fail("--by-python needs the runs of at least two Python versions (name them as RUN ...)")
+        head, secs, notes = report.by_python(runs)
+        title = "pyconcbench by Python version"
+        head = head + [f"- note: {n}" for n in notes]
+        images: list = []
+        fams = None
+    else:
+        head, secs = report.build(runs)
+        title = "pyconcbench report"
+        fams = split(merged_benchmarks(runs))
+    images = []
+    if (args.png or args.html) and fams is not None:
+        from pyconcbench import plots
+
+        try:
+            images, skipped = plots.plot_all(fams)
+        except plots.PlotsUnavailable as exc:
+            return _fail(str(exc))
+        for why in skipped:
+            print(f"pyconcbench: no plot: {why}", file=sys.stderr)
+        if args.png:
+            out = Path(args.png)
+            out.mkdir(parents=True, exist_ok=True)
+            for name, data in images:
+                (out / name).write_bytes(data)
+                print(f"pyconcbench: wrote {out / name}", file=sys.stderr)
+    text = report.to_markdown(head, secs, title)
+    if args.output:
+        Path(args.output).write_text(text + "\n", encoding="utf8")
+        print(f"pyconcbench: wrote {args.output}", file=sys.stderr)
+    else:
+        sys.stdout.write(text + "\n")
+    if args.html:
+        Path(args.html).write_text(report.to_html(head, secs, images, title), encoding="utf8")
+        print(f"pyconcbench: wrote {args.html}", file=sys.stderr)
+    return 0
+
+
+def _one(name: str, storage: str) -> Run:
+    runs = load_runs([name], storage)
+    if len(runs) > 1:
+        raise ResultsError(f"{name}: matches {len(runs)} saved runs ({', '.join(r.name for r in runs[:4])}"
+                           f"{', …' if len(runs) > 4 else ''}): name one")
+    return runs[0]
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    expr = args.fail_on or DEFAULT_FAIL_ON
+    try:
+        rules = gate.parse_fail_on(expr)
+    except gate.GateSpecError as exc:
+        return _fail(f"--fail-on {exc}")
+    alpha = args.alpha
+    if not 0 < alpha < 1:
+        return _fail(f"--alpha must be between 0 and 1, got {alpha}")
+    base = _one(args.base, args.storage)
+    new = _one(args.new, args.storage)
+    diffs = gate.fact_differences(base.machine, new.machine)
+    if diffs and not args.allow_machine_change:
+        return _fail(f"{base.name} and {new.name} were measured on different machines or Pythons ("
+                     + "; ".join(diffs) + "): their numbers are not comparable; pass "
+                     "--allow-machine-change to compare them anyway")
+    result = gate.compare_runs(base.benchmarks, new.benchmarks, rules, alpha)
+    context = [f"Baseline `{base.name}` (commit {base.commit}), new `{new.name}` (commit {new.commit}); "
+               f"fail-on `{expr}`."]
+    if diffs:
+        context.append("Machine facts differ (compared anyway): " + "; ".join(diffs))
+    text = gate.markdown(result, context=context)
+    sys.stdout.write(text + "\n")
+    if args.markdown:
+        with open(args.markdown, "a", encoding="utf8") as fh:
+            fh.write(text + "\n")
+    for ch in result.regressions:
+        print(f"REGRESSION {ch.line()}", file=sys.stderr)
+    if not result.changes:
+        print("pyconcbench: nothing to gate: no benchmark in NEW has a gated metric", file=sys.stderr)
+    return 1 if result.regressions else 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        if args.command == "report":
+            return cmd_report(args)
+        return cmd_compare(args)
+    except ResultsError as exc:
+        return _fail(str(exc))
+    except BrokenPipeError:
+        # `pyconcbench report | head`: stop quietly
+        try:
+            sys.stdout = open(os.devnull, "w")
+        except OSError:
+            pass
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

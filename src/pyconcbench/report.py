@@ -1,0 +1,469 @@
+"""The studies' tables from saved runs: Markdown for the terminal and CI summaries, HTML with
+the plots inline, and the cross-Python table.
+
+Every table is a ``Table`` (title, column heads, rows of strings, a note saying exactly what
+the cells are), rendered to Markdown or HTML from the same values.
+"""
+from __future__ import annotations
+
+import base64
+import html
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+
+from pyconcbench import stats
+from pyconcbench.results import Families, Run, merged_benchmarks, split
+from pyconcbench.summary import BASELINE, size_label
+
+SPREAD_NOTE = ("± is the half-width of the 95 % confidence interval (Student t) of the mean of the "
+               "per-round msgs/s, as a share of the rate; the rate itself is all verified round trips "
+               "of the accepted rounds over their total time")
+LG_BOUND_NOTE = ("≥: the load generator was ≥ 90 % busy in some round, so the rate is a lower bound "
+                 "for the server (compare its CPU per round trip instead)")
+
+
+@dataclass
+class Table:
+    title: str
+    head: List[str]
+    rows: List[List[str]]
+    note: str = ""
+    #: per column: True = right-aligned (numbers)
+    right: Optional[List[bool]] = None
+
+    def markdown(self) -> List[str]:
+        right = self.right or [False] + [True] * (len(self.head) - 1)
+        out = [f"### {self.title}", ""]
+        if self.note:
+            out += [self.note, ""]
+        out.append("| " + " | ".join(self.head) + " |")
+        out.append("|" + "|".join("---:" if r else "---" for r in right) + "|")
+        for row in self.rows:
+            out.append("| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |")
+        out.append("")
+        return out
+
+    def html(self) -> str:
+        right = self.right or [False] + [True] * (len(self.head) - 1)
+        parts = [f"<h3>{html.escape(self.title)}</h3>"]
+        if self.note:
+            parts.append(f"<p class='note'>{html.escape(self.note)}</p>")
+        parts.append("<table><thead><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in self.head)
+                     + "</tr></thead><tbody>")
+        for row in self.rows:
+            parts.append("<tr>" + "".join(
+                f"<td class='{'num' if r else 'txt'}'>{html.escape(c)}</td>" for c, r in zip(row, right))
+                + "</tr>")
+        parts.append("</tbody></table>")
+        return "\n".join(parts)
+
+
+@dataclass
+class Section:
+    title: str
+    tables: List[Table] = field(default_factory=list)
+    text: List[str] = field(default_factory=list)
+
+
+# ---- formatting -------------------------------------------------------------------------
+
+def fmt_int(v: Optional[float]) -> str:
+    return "-" if v is None else f"{v:,.0f}"
+
+
+def fmt_f(v: Optional[float], spec: str = ".2f") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def fmt_pct(v: Optional[float]) -> str:
+    return "-" if v is None else f"{v * 100:.0f}%"
+
+
+def fmt_ns(ns: Optional[float]) -> str:
+    if ns is None:
+        return "-"
+    if abs(ns) < 10:
+        return f"{ns:.2f}"
+    if abs(ns) < 1000:
+        return f"{ns:.1f}"
+    return f"{ns:,.0f}"
+
+
+def transport_label(transport: str) -> str:
+    return {"tcp": "TCP", "unix": "UNIX sockets"}.get(transport, transport)
+
+
+def conns_label(n: int) -> str:
+    return f"{n:,} conns"
+
+
+# ---- echo -------------------------------------------------------------------------------
+
+def label_of(info: Dict[str, Any]) -> str:
+    return info.get("label") or info.get("impl") or "?"
+
+
+def rate_cell(info: Dict[str, Any]) -> str:
+    rate = info.get("msgs_per_s")
+    if rate is None:
+        return "-"
+    per_round = [r["msgs_per_s"] for r in info.get("rounds") or [] if r.get("msgs_per_s")]
+    half = stats.ci95_halfwidth(per_round)
+    mean = statistics.mean(per_round) if per_round else None
+    spread = f" ± {half / mean * 100:.1f}%" if half is not None and mean else ""
+    return ("≥" if info.get("loadgen_bound") else "") + f"{rate:,.0f}" + spread
+
+
+def _grid(infos: Sequence[Dict[str, Any]], col_key: str) -> Tuple[List[Any], List[str], Dict[Tuple[str, Any], Dict[str, Any]]]:
+    cols = sorted({i[col_key] for i in infos})
+    cells: Dict[Tuple[str, Any], Dict[str, Any]] = {}
+    for i in infos:
+        cells[(label_of(i), i[col_key])] = i
+
+    def score(label: str) -> float:
+        rates = [cells[(label, c)]["msgs_per_s"] for c in cols if (label, c) in cells and cells[(label, c)].get("msgs_per_s")]
+        return -math.exp(statistics.mean(math.log(r) for r in rates)) if rates else 0.0
+
+    labels = sorted({label_of(i) for i in infos}, key=lambda lab: (score(lab), lab))
+    return cols, labels, cells
+
+
+def _table(title: str, note: str, cols: List[Any], col_head: Callable[[Any], str], labels: List[str],
+           cells: Dict[Tuple[str, Any], Dict[str, Any]], cell: Callable[[Dict[str, Any], Any], str]) -> Table:
+    rows = []
+    for lab in labels:
+        row = [lab]
+        for c in cols:
+            info = cells.get((lab, c))
+            row.append(cell(info, c) if info is not None else "")
+        rows.append(row)
+    return Table(title, ["implementation"] + [col_head(c) for c in cols], rows, note)
+
+
+def echo_scale_tables(infos: Sequence[Dict[str, Any]], transport: str, size: int) -> List[Table]:
+    """The connection sweep at one transport and message size."""
+    cols, labels, cells = _grid(infos, "connections")
+    where = f"{transport_label(transport)}, {size_label(size)} messages"
+    head = conns_label
+    tables = []
+    any_bound = any(i.get("loadgen_bound") for i in infos)
+    tables.append(_table(f"Echo throughput (msgs/s) — {where}",
+                         SPREAD_NOTE + (". " + LG_BOUND_NOTE if any_bound else ""),
+                         cols, head, labels, cells, lambda i, c: rate_cell(i)))
+
+    slowest = {c: min((i["msgs_per_s"] for (lab, cc), i in cells.items() if cc == c and i.get("msgs_per_s")),
+                      default=None) for c in cols}
+    tables.append(_table(f"Relative speed — {where}",
+                         "msgs/s divided by the slowest implementation's at the same connections (slowest = 1), "
+                         "as the study prints it",
+                         cols, head, labels, cells,
+                         lambda i, c: fmt_f(i["msgs_per_s"] / slowest[c], ".1f") if slowest[c] else "-"))
+
+    base = {c: cells.get((BASELINE, c)) for c in cols}
+    if any(base.values()):
+        tables.append(_table(f"Ratio to {BASELINE} — {where}",
+                             f"msgs/s divided by {BASELINE}'s at the same connections (C, one thread, epoll)",
+                             cols, head, labels, cells,
+                             lambda i, c: fmt_f(i["msgs_per_s"] / base[c]["msgs_per_s"], ".2f")
+                             if base[c] and base[c].get("msgs_per_s") else "-"))
+    for p, key in (("p50", "latency_p50_us"), ("p95", "latency_p95_us"), ("p99", "latency_p99_us")):
+        tables.append(_table(f"Latency {p} (µs) — {where}",
+                             f"round-trip latency {p}, first byte sent to the echo's last byte received, "
+                             "over every round trip of the accepted rounds (log-linear histogram, ≤ 1 % error)",
+                             cols, head, labels, cells, lambda i, c, key=key: fmt_f(i.get(key), ",.1f")))
+
+    def cpu_cell(i: Dict[str, Any], c: Any) -> str:
+        own = i.get("server_cpu_us_per_msg")
+        b = base.get(c)
+        if own is None:
+            return "-"
+        if b and b.get("server_cpu_us_per_msg") is not None:
+            return f"{own:.2f} ({own - b['server_cpu_us_per_msg']:+.2f})"
+        return f"{own:.2f}"
+
+    tables.append(_table(f"Server CPU per round trip (µs) and excess over {BASELINE} — {where}",
+                         "the server process's user+system CPU per verified round trip; in brackets, minus "
+                         f"{BASELINE}'s at the same connections: the concurrency model's own cost, which a "
+                         "load-generator-bound rate cannot hide",
+                         cols, head, labels, cells, cpu_cell))
+
+    def busy_cell(i: Dict[str, Any], c: Any) -> str:
+        user = i.get("server_user_share")
+        return (f"{fmt_pct(i.get('server_cpu_share'))} / {fmt_pct(i.get('loadgen_cpu_share'))}"
+                + (f" · user {fmt_pct(user)}" if user is not None else "")
+                + (" · lg-bound" if i.get("loadgen_bound") else ""))
+
+    tables.append(_table(f"CPU busy: server / load generator, and the server's user share — {where}",
+                         "share of one core during the measured rounds; user = the server's user-mode share "
+                         "of its CPU (from clock ticks: '-' when too few to split); lg-bound = the load "
+                         "generator was ≥ 90 % busy",
+                         cols, head, labels, cells, busy_cell))
+
+    def fair_cell(i: Dict[str, Any], c: Any) -> str:
+        jain = i.get("fairness_jain")
+        text = f"{jain:.3f} [{i.get('fairness_min', '?'):,}–{i.get('fairness_max', '?'):,}]" if jain is not None else "-"
+        starving = i.get("starving_connections")
+        return text + (f" ⚠ {starving} starving" if starving else "")
+
+    tables.append(_table(f"Fairness — {where}",
+                         "Jain's index of the per-connection round-trip counts (1 = perfectly even; the worst "
+                         "round), with the fewest and most round trips one connection made in a round; "
+                         "⚠ flags connections that starved (no round trip in a round)",
+                         cols, head, labels, cells, fair_cell))
+    return tables
+
+
+def echo_size_table(infos: Sequence[Dict[str, Any]], transport: str, connections: int) -> Table:
+    cols, labels, cells = _grid(infos, "size")
+    return _table(f"Echo by message size — {transport_label(transport)}, {connections:,} connections",
+                  "msgs/s (verified round trips per second) · MiB/s (payload one way)",
+                  cols, size_label, labels, cells,
+                  lambda i, c: ("≥" if i.get("loadgen_bound") else "") + f"{i['msgs_per_s']:,.0f} · "
+                  f"{i.get('mib_per_s', i['msgs_per_s'] * c / (1 << 20)):,.1f} MiB/s")
+
+
+def echo_section(echo: Sequence[Dict[str, Any]], ceiling: Sequence[Dict[str, Any]] = ()) -> Optional[Section]:
+    if not echo and not ceiling:
+        return None
+    sec = Section("Echo servers")
+    infos = [b["extra_info"] for b in echo]
+    scales: Dict[Tuple[str, int], List[Dict[str, Any]]] = {}
+    for i in infos:
+        scales.setdefault((i["transport"], i["size"]), []).append(i)
+    for (transport, size) in sorted(scales, key=lambda k: (k[0] != "tcp", k[0], k[1])):
+        sec.tables += echo_scale_tables(scales[(transport, size)], transport, size)
+    sweeps: Dict[Tuple[str, int], List[Dict[str, Any]]] = {}
+    for i in infos:
+        sweeps.setdefault((i["transport"], i["connections"]), []).append(i)
+    for (transport, conns), group in sorted(sweeps.items()):
+        if len({i["size"] for i in group}) > 1:
+            sec.tables.append(echo_size_table(group, transport, conns))
+    if ceiling:
+        rows = []
+        for b in sorted(ceiling, key=lambda b: b["extra_info"].get("connections", 0)):
+            i = b["extra_info"]
+            rows.append([f"{i.get('connections', '?'):,} conns × {size_label(i.get('size', 64))}",
+                         fmt_int(i.get("msgs_per_s")), fmt_int(i.get("engine_msgs_per_s")),
+                         fmt_f(i.get("engine_to_ceiling"), ".2f"), fmt_pct(i.get("loadgen_cpu_share"))])
+        sec.tables.append(Table("Load generator ceiling",
+                                ["scale", "minimal client msgs/s", "engine msgs/s", "engine / minimal",
+                                 "load generator CPU"], rows,
+                                "the engine against the native server beside a minimal epoll client that "
+                                "verifies nothing: how close the full engine (histogram, payload checks) "
+                                "comes to the most this machine's loopback allows"))
+    return sec
+
+
+# ---- switches -----------------------------------------------------------------------------
+
+def switch_section(switch: Sequence[Dict[str, Any]]) -> Optional[Section]:
+    if not switch:
+        return None
+    from pyconcbench.micro.summary import GROUP_ORDER, depth_fits
+
+    sec = Section("Context switches and hand-offs")
+    infos = [b["extra_info"] for b in switch]
+    order = {g: n for n, g in enumerate(GROUP_ORDER)}
+    rows = []
+    for i in sorted(infos, key=lambda i: (order.get(i.get("group"), 99), i.get("depth") or 0, i.get("ns_per_op", 0))):
+        study = i.get("study_ns")
+        rows.append([i.get("micro", "?"), i.get("group", ""), i.get("op", ""), fmt_ns(i.get("ns_per_op")),
+                     f"{fmt_ns(i.get('ns_per_op_min'))}–{fmt_ns(i.get('ns_per_op_max'))}",
+                     fmt_ns(study) if study is not None else ""])
+    sec.tables.append(Table("Switch costs (ns per operation)",
+                            ["case", "group", "one operation is", "ns/op", "range over rounds", "study"],
+                            rows,
+                            "median over the rounds of the time per operation, the empty loop's cost "
+                            "subtracted where the case says so; 'study' is the 2014 study's figure for "
+                            "the same operation where it gives one",
+                            right=[False, False, False, True, True, True]))
+    fits = depth_fits(infos)
+    if fits:
+        frows = []
+        for kind, (slope, intercept, r2, depths) in sorted(fits.items()):
+            frows.append([kind, f"{slope:.2f}", f"{intercept:.1f}", f"{r2:.4f}",
+                          ", ".join(str(d) for d in depths)])
+        sec.tables.append(Table("Depth sweep: cost per extra level",
+                                ["chain", "slope (ns per level)", "intercept (ns)", "r²", "depths"], frows,
+                                "least-squares line of ns/op against the depth of the delegation chain "
+                                "(each level one more `yield from` or `await`)"))
+    return sec
+
+
+# ---- zmq ----------------------------------------------------------------------------------
+
+def zmq_section(zmq: Sequence[Dict[str, Any]]) -> Optional[Section]:
+    if not zmq:
+        return None
+    sec = Section("ZeroMQ request/response loops")
+    groups: Dict[str, List[Dict[str, Any]]] = {}
+    for b in zmq:
+        groups.setdefault(b.get("group") or "", []).append(b["extra_info"])
+    for group in sorted(groups):
+        infos = sorted(groups[group], key=lambda i: -i.get("requests_per_s", 0))
+        fastest = infos[0].get("requests_per_s") or 0
+        rows = []
+        for i in infos:
+            per_round = [r["requests_per_s"] for r in i.get("rounds") or [] if r.get("requests_per_s")]
+            half = stats.ci95_halfwidth(per_round)
+            mean = statistics.mean(per_round) if per_round else None
+            spread = f" ± {half / mean * 100:.1f}%" if half is not None and mean else ""
+            rows.append([i.get("mode", "?"), f"{i['requests_per_s']:,.0f}{spread}",
+                         fmt_f(i["requests_per_s"] / fastest, ".2f") if fastest else "-",
+                         fmt_f(i.get("latency_p50_us"), ",.1f"), fmt_f(i.get("latency_p99_us"), ",.1f"),
+                         fmt_f(i.get("cpu_us_per_req"), ".2f")])
+        first = infos[0]
+        where = (f"{size_label(first.get('size', 0))} requests, {first.get('inflight', '?')} in flight, "
+                 f"{first.get('transport', '?')}")
+        sec.tables.append(Table(f"{group}: {where}",
+                                ["mode", "requests/s", "x fastest", "p50 µs", "p99 µs", "client CPU µs/req"], rows,
+                                "requests/s over all rounds, ± the 95 % interval of the per-round mean; "
+                                "latency from request sent to verified reply received"))
+    return sec
+
+
+# ---- header -------------------------------------------------------------------------------
+
+def header_lines(runs: Sequence[Run]) -> List[str]:
+    out = []
+    for run in runs:
+        f = run.facts
+        m = run.machine
+        libs = f.get("libraries") or {}
+        settings = f.get("settings") or {}
+        fd = f.get("fd_limit") or {}
+        out.append(f"- **{run.name}** — {run.data.get('datetime', '?')}, commit {run.commit}, "
+                   f"{len(run.benchmarks)} benchmarks")
+        out.append(f"  - machine: {f.get('cpu_model') or m.get('cpu', {}).get('brand_raw', '?')}, "
+                   f"{f.get('cpus_online', '?')} CPUs online, Linux {f.get('kernel') or m.get('release', '?')}, "
+                   f"fd limit {fd.get('soft', '?')}/{fd.get('hard', '?')}")
+        out.append(f"  - Python {run.python_label} ({m.get('python_compiler', '?')}); profile "
+                   f"{settings.get('profile', '?')}; pinning: {settings.get('pinning') or 'not recorded'}")
+        if libs:
+            out.append("  - libraries: " + ", ".join(f"{k} {v}" for k, v in sorted(libs.items())))
+    return out
+
+
+# ---- whole reports ------------------------------------------------------------------------
+
+def sections(fams: Families) -> List[Section]:
+    out = [s for s in (echo_section(fams.echo, fams.ceiling), switch_section(fams.switch),
+                       zmq_section(fams.zmq)) if s is not None]
+    return out
+
+
+def build(runs: Sequence[Run]) -> Tuple[List[str], List[Section]]:
+    return header_lines(runs), sections(split(merged_benchmarks(runs)))
+
+
+def to_markdown(head: List[str], secs: Sequence[Section], title: str = "pyconcbench report") -> str:
+    lines = [f"# {title}", ""] + head + [""]
+    if not secs:
+        lines += ["No pyconcbench benchmarks in these runs.", ""]
+    for sec in secs:
+        lines += [f"## {sec.title}", ""]
+        lines += sec.text
+        for t in sec.tables:
+            lines += t.markdown()
+    return "\n".join(lines)
+
+
+CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:2em auto;max-width:78em;color:#222}
+table{border-collapse:collapse;margin:0.5em 0 1.5em;font-size:0.9em}
+th,td{border:1px solid #ccc;padding:0.25em 0.6em}th{background:#f3f3f3}
+td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+p.note{color:#555;font-size:0.85em;max-width:70em}
+img{max-width:100%;border:1px solid #ddd;margin:0.5em 0}
+"""
+
+
+def to_html(head: List[str], secs: Sequence[Section], images: Sequence[Tuple[str, bytes]] = (),
+            title: str = "pyconcbench report") -> str:
+    """One self-contained page: the tables, and the PNGs inline as data: URIs (no CDN)."""
+    parts = ["<!DOCTYPE html>", "<html><head><meta charset='utf-8'>",
+             f"<title>{html.escape(title)}</title><style>{CSS}</style></head><body>",
+             f"<h1>{html.escape(title)}</h1>", "<ul>"]
+    for line in head:
+        text = line.strip()
+        if text.startswith("- "):
+            text = text[2:]
+        parts.append(f"<li>{html.escape(text.replace('**', ''))}</li>")
+    parts.append("</ul>")
+    if images:
+        parts.append("<h2>Plots</h2>")
+        for name, data in images:
+            b64 = base64.b64encode(data).decode("ascii")
+            parts.append(f"<figure><img alt='{html.escape(name)}' src='data:image/png;base64,{b64}'>"
+                         f"<figcaption>{html.escape(name)}</figcaption></figure>")
+    for sec in secs:
+        parts.append(f"<h2>{html.escape(sec.title)}</h2>")
+        for t in sec.tables:
+            parts.append(t.html())
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+# ---- by Python version ----------------------------------------------------------------------
+
+def by_python(runs: Sequence[Run]) -> Tuple[List[str], List[Section], List[str]]:
+    """Runs of several Python versions side by side: (header, sections, notes).  When two runs
+    have the same Python, the later one given is used and a note says so."""
+    versions: Dict[str, Run] = {}
+    notes = []
+    for run in runs:
+        if run.python_label in versions:
+            notes.append(f"two runs of Python {run.python_label}: using {run.name}, not "
+                         f"{versions[run.python_label].name}")
+        versions[run.python_label] = run
+    order = sorted(versions, key=_version_key)
+    head = header_lines([versions[v] for v in order])
+    fams = {v: split(versions[v].benchmarks) for v in order}
+
+    def cross(title: str, note: str, rows_of: Callable[[Families], Dict[str, str]], row_head: str) -> Optional[Table]:
+        cells = {v: rows_of(fams[v]) for v in order}
+        keys = sorted({k for c in cells.values() for k in c})
+        if not keys:
+            return None
+        rows = [[k] + [cells[v].get(k, "") for v in order] for k in keys]
+        return Table(title, [row_head] + [f"Python {v}" for v in order], rows, note)
+
+    secs: List[Section] = []
+    echo = Section("Echo servers by Python version")
+    scales = sorted({(b["extra_info"]["transport"], b["extra_info"]["size"], b["extra_info"]["connections"])
+                     for f in fams.values() for b in f.echo}, key=lambda k: (k[0] != "tcp", k[1], k[2]))
+    for transport, size, conns in scales:
+        def pick(f: Families, t=transport, s=size, c=conns) -> Dict[str, Dict[str, Any]]:
+            return {label_of(b["extra_info"]): b["extra_info"] for b in f.echo
+                    if (b["extra_info"]["transport"], b["extra_info"]["size"], b["extra_info"]["connections"]) == (t, s, c)}
+        where = f"{conns:,} connections × {size_label(size)} over {transport_label(transport)}"
+        t1 = cross(f"Echo msgs/s — {where}", SPREAD_NOTE, lambda f, pick=pick: {k: rate_cell(i) for k, i in pick(f).items()},
+                   "implementation")
+        t2 = cross(f"Server CPU per round trip (µs) — {where}",
+                   "the server's user+system CPU per verified round trip: independent of how fast the load "
+                   "generator is", lambda f, pick=pick: {k: fmt_f(i.get("server_cpu_us_per_msg"), ".2f")
+                                                         for k, i in pick(f).items()}, "implementation")
+        echo.tables += [t for t in (t1, t2) if t is not None]
+    if echo.tables:
+        secs.append(echo)
+    sw = cross("Switch costs (ns per operation)", "median over the rounds",
+               lambda f: {b["extra_info"].get("micro", "?"): fmt_ns(b["extra_info"].get("ns_per_op")) for b in f.switch},
+               "case")
+    if sw is not None:
+        secs.append(Section("Context switches by Python version", [sw]))
+    zq = cross("ZeroMQ requests/s", "requests per second over all rounds",
+               lambda f: {(b.get("name") or "?").replace("test_zmq", "").strip("[]"): fmt_int(b["extra_info"].get("requests_per_s"))
+                          for b in f.zmq}, "case")
+    if zq is not None:
+        secs.append(Section("ZeroMQ by Python version", [zq]))
+    return head, secs, notes
+
+
+def _version_key(label: str) -> Tuple:
+    nums = []
+    for part in label.split()[-1].split("."):
+        digits = "".join(ch for ch in part if ch.isdigit())
+        nums.append(int(digits) if digits else 0)
+    return (label.split()[0] if " " in label else "", tuple(nums))

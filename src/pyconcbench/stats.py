@@ -1,0 +1,87 @@
+"""Small statistics over per-round samples: the 95 % interval the reports print, and the
+one-sided Mann-Whitney U test the regression gate uses.  No SciPy: the sample sizes are the
+rounds of one benchmark (3 to a few dozen), where exact enumeration is cheap.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+from typing import Optional, Sequence
+
+#: Two-sided 97.5 % quantiles of Student's t for 1..30 degrees of freedom.
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+         2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+         2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+#: Above this many ways to split the pooled samples, the test uses the normal approximation.
+EXACT_LIMIT = 20000
+
+
+def t975(df: int) -> float:
+    """Student's t quantile for a two-sided 95 % interval with ``df`` degrees of freedom."""
+    if df < 1:
+        raise ValueError("t975: need at least 1 degree of freedom")
+    return _T975[df - 1] if df <= len(_T975) else 1.96
+
+
+def ci95_halfwidth(samples: Sequence[float]) -> Optional[float]:
+    """Half-width of the 95 % confidence interval of the mean (Student t), or None for fewer
+    than two samples."""
+    if len(samples) < 2:
+        return None
+    return t975(len(samples) - 1) * statistics.stdev(samples) / math.sqrt(len(samples))
+
+
+def _u_statistic(x: Sequence[float], y: Sequence[float]) -> float:
+    """Mann-Whitney U of ``x``: pairs where x > y, ties counting one half."""
+    u = 0.0
+    for a in x:
+        for b in y:
+            if a > b:
+                u += 1.0
+            elif a == b:
+                u += 0.5
+    return u
+
+
+def min_p_value(n1: int, n2: int) -> float:
+    """The smallest one-sided p-value the exact test can give for these sample sizes."""
+    return 1.0 / math.comb(n1 + n2, n1)
+
+
+def mann_whitney_less(x: Sequence[float], y: Sequence[float]) -> float:
+    """One-sided Mann-Whitney U test: the p-value of samples ``x`` tending to be *smaller*
+    than samples ``y`` by chance alone.
+
+    Exact (every split of the pooled samples, ties kept as they are) when there are at most
+    ``EXACT_LIMIT`` splits; otherwise the normal approximation with tie and continuity
+    corrections."""
+    n1, n2 = len(x), len(y)
+    if n1 == 0 or n2 == 0:
+        raise ValueError("mann_whitney_less: both samples must be non-empty")
+    observed = _u_statistic(x, y)
+    if math.comb(n1 + n2, n1) <= EXACT_LIMIT:
+        pooled = list(x) + list(y)
+        index = range(n1 + n2)
+        hits = total = 0
+        for chosen in itertools.combinations(index, n1):
+            picked = set(chosen)
+            xs = [pooled[i] for i in chosen]
+            ys = [pooled[i] for i in index if i not in picked]
+            total += 1
+            if _u_statistic(xs, ys) <= observed + 1e-9:
+                hits += 1
+        return hits / total
+    # Normal approximation: mean n1 n2 / 2, variance with the tie correction.
+    pooled = sorted(list(x) + list(y))
+    n = n1 + n2
+    ties = 0.0
+    for _, group in itertools.groupby(pooled):
+        t = len(list(group))
+        ties += t ** 3 - t
+    var = n1 * n2 / 12.0 * ((n + 1) - ties / (n * (n - 1)))
+    if var <= 0:
+        return 1.0
+    z = (observed - n1 * n2 / 2.0 + 0.5) / math.sqrt(var)
+    return 0.5 * math.erfc(-z / math.sqrt(2.0))
