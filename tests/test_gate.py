@@ -1,0 +1,190 @@
+"""The gate's statistics and decisions, on given per-round samples (no measuring here)."""
+import math
+
+import pytest
+
+from pyconcbench import gate, stats
+
+import runfactory as rf
+
+
+# ---- statistics ---------------------------------------------------------------------------
+
+def test_mann_whitney_exact_values():
+    # every x below every y: the one split of 252 that extreme
+    assert stats.mann_whitney_less([1, 2, 3, 4, 5], [6, 7, 8, 9, 10]) == pytest.approx(1 / 252)
+    # interleaved: U = 10, P(U <= 10) = 87/252 for n = m = 5 (published tables)
+    assert stats.mann_whitney_less([1, 3, 5, 7, 9], [2, 4, 6, 8, 10]) == pytest.approx(87 / 252)
+    # the other way round is the mirror image
+    assert stats.mann_whitney_less([6, 7, 8, 9, 10], [1, 2, 3, 4, 5]) == pytest.approx(1.0)
+    assert stats.min_p_value(5, 5) == pytest.approx(1 / 252)
+    assert stats.min_p_value(2, 2) == pytest.approx(1 / 6)
+
+
+def test_mann_whitney_ties_and_identical_samples():
+    assert stats.mann_whitney_less([5, 5, 5], [5, 5, 5]) == pytest.approx(1.0)
+    p = stats.mann_whitney_less([1, 2, 2, 3], [2, 3, 3, 4])
+    assert 0.0 < p < 0.5
+
+
+def test_mann_whitney_normal_approximation_agrees_with_exact(monkeypatch):
+    x = [10.0 + 0.37 * i for i in range(9)]
+    y = [11.0 + 0.41 * i for i in range(9)]
+    exact = stats.mann_whitney_less(x, y)
+    monkeypatch.setattr(stats, "EXACT_LIMIT", 0)
+    approx = stats.mann_whitney_less(x, y)
+    assert approx == pytest.approx(exact, abs=0.02)
+
+
+def test_mann_whitney_refuses_empty_samples():
+    with pytest.raises(ValueError):
+        stats.mann_whitney_less([], [1.0])
+
+
+def test_ci95_halfwidth():
+    assert stats.ci95_halfwidth([1.0]) is None
+    # mean 2, stdev 1, n 3: t(2) 4.303 * 1 / sqrt(3)
+    assert stats.ci95_halfwidth([1.0, 2.0, 3.0]) == pytest.approx(4.303 / math.sqrt(3))
+    assert stats.t975(100) == 1.96
+
+
+# ---- fail-on expressions -----------------------------------------------------------------------
+
+def test_parse_fail_on_reads_metrics_scopes_and_signs():
+    rules = gate.parse_fail_on("msgs_per_s:-10%, latency_p99:+25%,echo-c1000-*@latency_p99:50%,"
+                               "test_echo[threads-*]@msgs_per_s:off")
+    assert [r.text() for r in rules] == ["msgs_per_s:-10%", "latency_p99:+25%", "echo-c1000-*@latency_p99:+50%",
+                                         "test_echo[threads-*]@msgs_per_s:off"]
+    assert rules[0].threshold == pytest.approx(0.10)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("msgs_per_s:+10%", "msgs_per_s is better higher, so its regression is a drop: write msgs_per_s:-10%"),
+    ("latency_p99:-25%", "latency_p99 is better lower, so its regression is a rise: write latency_p99:+25%"),
+    ("throughput:-10%", "unknown metric 'throughput'"),
+    ("msgs_per_s:-10", "is not a percentage"),
+    ("msgs_per_s", "expected [SCOPE@]METRIC:THRESHOLD"),
+    ("msgs_per_s:0%", "must be above 0%"),
+    ("", "expected METRIC:THRESHOLD items"),
+])
+def test_parse_fail_on_errors_quote_the_bad_item(text, message):
+    with pytest.raises(gate.GateSpecError) as info:
+        gate.parse_fail_on(text)
+    assert message in str(info.value)
+
+
+def test_rules_for_precedence_marker_over_scope_over_global():
+    rules = gate.parse_fail_on("msgs_per_s:-10%,latency_p99:+25%,echo-c1000-*@latency_p99:+50%,"
+                               "*threads*@msgs_per_s:off")
+    b1000 = rf.echo("selectors", 1000, [1.0])
+    b10 = rf.echo("threads", 10, [1.0])
+    assert gate.rules_for(b1000, rules) == {"msgs_per_s": 0.10, "latency_p99": 0.50}
+    assert gate.rules_for(b10, rules) == {"msgs_per_s": None, "latency_p99": 0.25}
+    marker = gate.parse_fail_on("latency_p99:+80%")
+    assert gate.rules_for(b1000, rules, marker)["latency_p99"] == pytest.approx(0.80)
+
+
+# ---- decisions ----------------------------------------------------------------------------------
+
+BASE = [100.0, 101.0, 99.0, 100.5, 99.5]
+
+
+def _cmp(base_rates, new_rates, expr="msgs_per_s:-10%", **kw):
+    base = rf.echo("selectors", 10, base_rates)
+    new = rf.echo("selectors", 10, new_rates)
+    (ch,) = gate.check_bench(base, new, gate.parse_fail_on(expr), **kw)
+    return ch
+
+
+def test_a_clear_drop_is_a_regression_with_one_line():
+    ch = _cmp(BASE, [80.0, 81.0, 79.0, 80.5, 79.5])
+    assert ch.status == "regression" and ch.failed
+    assert ch.change == pytest.approx(-0.20)
+    assert ch.p_value == pytest.approx(1 / 252)
+    line = ch.line()
+    assert "\n" not in line
+    assert "msgs_per_s regressed 100 msgs/s -> 80 msgs/s (-20.0%, threshold -10%)" in line
+    assert "Mann-Whitney U p=0.00397 over 5 vs 5 rounds" in line
+
+
+def test_a_drop_within_the_threshold_is_unchanged():
+    assert _cmp(BASE, [95.0, 96.0, 94.0, 95.5, 94.5]).status == "unchanged"
+
+
+def test_a_big_but_noisy_change_is_within_noise():
+    # the medians differ by 20 %, but the rounds overlap: not significant
+    ch = _cmp([100.0, 60.0, 140.0, 100.0, 70.0], [80.0, 150.0, 55.0, 80.0, 120.0])
+    assert ch.change == pytest.approx(-0.20)
+    assert ch.status == "within noise"
+    assert ch.p_value > 0.05
+
+
+def test_a_clear_rise_is_an_improvement():
+    assert _cmp(BASE, [130.0, 131.0, 129.0, 130.5, 129.5]).status == "improved"
+
+
+def test_lower_is_better_metrics_regress_upwards():
+    base = rf.echo("selectors", 10, [1.0] * 5, p99=[100, 101, 99, 100, 102])
+    worse = rf.echo("selectors", 10, [1.0] * 5, p99=[140, 141, 139, 142, 140])
+    better = rf.echo("selectors", 10, [1.0] * 5, p99=[60, 61, 59, 60, 62])
+    rules = gate.parse_fail_on("latency_p99:+25%")
+    assert gate.check_bench(base, worse, rules)[0].status == "regression"
+    assert gate.check_bench(base, better, rules)[0].status == "improved"
+
+
+def test_too_few_rounds_for_the_test_fall_back_to_the_threshold_and_say_so():
+    ch = _cmp([100.0, 100.0], [50.0, 50.0])
+    assert ch.status == "regression"
+    assert "too few rounds" in ch.note and "the threshold alone decided" in ch.line()
+
+
+def test_no_baseline_and_metrics_a_benchmark_does_not_have():
+    new = rf.echo("selectors", 10, BASE)
+    (ch,) = gate.check_bench(None, new, gate.parse_fail_on("msgs_per_s:-10%"))
+    assert ch.status == "no baseline" and not ch.failed
+    # ns_per_op is a switch metric: an echo benchmark is not gated on it
+    assert gate.check_bench(new, new, gate.parse_fail_on("ns_per_op:+10%")) == []
+
+
+def test_switch_and_zmq_metrics():
+    base = rf.switch("python-generator_next", [25.0, 25.2, 24.9, 25.1, 25.0])
+    slow = rf.switch("python-generator_next", [30.0, 30.2, 29.9, 30.1, 30.0])
+    (ch,) = gate.check_bench(base, slow, gate.parse_fail_on("ns_per_op:+10%"))
+    assert ch.status == "regression" and ch.change == pytest.approx(0.2, abs=0.01)
+    zb = rf.zmq("pyzmq_single", [10000, 10100, 9900, 10050, 9950])
+    zn = rf.zmq("pyzmq_single", [8000, 8100, 7900, 8050, 7950])
+    (ch,) = gate.check_bench(zb, zn, gate.parse_fail_on("requests_per_s:-10%"))
+    assert ch.status == "regression"
+
+
+def test_time_metric_uses_pytest_benchmark_rounds():
+    base = rf.echo("selectors", 10, BASE)
+    slow = rf.echo("selectors", 10, [80.0, 81.0, 79.0, 80.5, 79.5])
+    (ch,) = gate.check_bench(base, slow, gate.parse_fail_on("time:+10%"))
+    assert ch.status == "regression" and ch.change == pytest.approx(0.25, abs=0.01)
+
+
+def test_compare_runs_matches_by_test_and_lists_the_missing():
+    base = [rf.echo("selectors", 10, BASE), rf.echo("threads", 10, BASE)]
+    new = [rf.echo("selectors", 10, [80.0, 81.0, 79.0, 80.5, 79.5]), rf.echo("gevent", 10, BASE)]
+    res = gate.compare_runs(base, new, gate.parse_fail_on("msgs_per_s:-10%"))
+    assert [c.status for c in res.changes] == ["regression", "no baseline"]
+    assert res.missing == ["tests/bench/test_echo.py::test_echo[threads-c10-64B]"]
+    md = gate.markdown(res)
+    assert "**1 regression**" in md
+    assert "| `test_echo[selectors-c10-64B]` | msgs_per_s | -10% | 100 msgs/s | 80 msgs/s | -20.0% | 0.00397 | 5/5 | regression |" in md
+    assert "Not in the new run (1)" in md
+
+
+def test_marker_thresholds_saved_in_the_results_are_honoured():
+    base = rf.echo("selectors", 10, BASE)
+    new = rf.echo("selectors", 10, [80.0, 81.0, 79.0, 80.5, 79.5], pcb_fail_on="msgs_per_s:-30%")
+    res = gate.compare_runs([base], [new], gate.parse_fail_on("msgs_per_s:-10%"))
+    assert res.changes[0].status == "unchanged" and res.changes[0].threshold == pytest.approx(0.30)
+
+
+def test_fact_differences():
+    a = rf.run([])["machine_info"]
+    b = rf.run([], python="3.12.1", kernel="6.19.0")["machine_info"]
+    assert gate.fact_differences(a, a) == []
+    assert gate.fact_differences(a, b) == ["kernel: 6.18.0 -> 6.19.0", "python: 3.11.7 -> 3.12.1"]

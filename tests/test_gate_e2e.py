@@ -1,0 +1,56 @@
+"""The gate proved on the real thing: the echo benchmark against a real asyncio_protocol server,
+saved as a baseline, run again on unchanged code (no regression), then with the test-only
+slowdown knob (servers.SLOWDOWN_ENV: CPU busy-wait per received chunk) and caught.
+
+The threshold here is wider than a CI gate would use (-25 %), so a noisy shared machine does
+not make this test flaky; tools/gate_trials.py measures the false-alarm rate and the smallest
+slowdown caught at the usual -10 %."""
+from pathlib import Path
+
+import pytest
+
+from pyconcbench import servers
+
+ECHO_TEST = (Path(__file__).parent / "bench" / "test_echo.py").read_text()
+CASE = ["--pcb-impl", "asyncio_protocol", "--pcb-conns", "10", "--pcb-messages", "10000", "--pcb-rounds", "5",
+        "-p", "no:cacheprovider"]
+
+
+@pytest.fixture
+def run(pytester):
+    pytester.makepyfile(test_echo=ECHO_TEST)
+    storage = f"--benchmark-storage=file://{pytester.path / 'store'}"
+
+    def run(*args, slowdown_ns=0):
+        if slowdown_ns:
+            pytester._monkeypatch.setenv(servers.SLOWDOWN_ENV, str(slowdown_ns))
+        else:
+            pytester._monkeypatch.delenv(servers.SLOWDOWN_ENV, raising=False)
+        return pytester.runpytest_subprocess(storage, *CASE, *args)
+
+    return run
+
+
+def test_gate_passes_unchanged_code_and_catches_a_slowed_server(run):
+    run("--benchmark-autosave").assert_outcomes(passed=1)
+
+    same = run("--benchmark-compare", "--pcb-fail-on", "msgs_per_s:-25%")
+    same.assert_outcomes(passed=1)
+    same.stdout.fnmatch_lines(["baseline *; fail-on msgs_per_s:-25%; alpha 0.05; 1 *"])
+
+    # 50 us of CPU per message on a server that costs ~30 us per round trip: about 2.5x slower
+    slow = run("--benchmark-compare", "--pcb-fail-on", "msgs_per_s:-25%", slowdown_ns=50000)
+    slow.assert_outcomes(failed=1)
+    assert slow.ret == 1
+    slow.stdout.fnmatch_lines([
+        "pyconcbench gate: test_echo?asyncio_protocol-c10-64B?: msgs_per_s regressed * msgs/s -> * msgs/s "
+        "(-*%, threshold -25%), one-sided Mann-Whitney U p=0.00397 over 5 vs 5 rounds",
+        "FAILED test_echo.py::test_echo?asyncio_protocol-c10-64B? - pyconcbench gate: *",
+    ])
+
+
+def test_the_knob_is_refused_by_servers_that_do_not_implement_it(run):
+    res = run("--pcb-impl", "selectors", "--benchmark-disable", slowdown_ns=1000)
+    res.assert_outcomes(skipped=1)
+    res.stdout.fnmatch_lines(["*PCB_TEST_SLOWDOWN_NS (test-only) is set, but only asyncio_protocol, uvloop_protocol "
+                              "implement it, not selectors*"])

@@ -1,0 +1,127 @@
+"""The --pcb-fail-on gate inside a pytest run, through pytester: benchmarks whose per-round
+figures the test controls (FAKE_SCALE), so every verdict is known in advance."""
+import json
+
+import pytest
+
+FAKE = """
+import os
+
+import pytest
+
+RATES = (1.0, 1.01, 0.99, 1.005, 0.995)
+
+
+def _bench(benchmark, base):
+    scale = float(os.environ.get("FAKE_SCALE", "1"))
+    rates = [base * scale * f for f in RATES]
+    benchmark.pedantic(lambda: None, rounds=5, iterations=1)
+    benchmark.extra_info.update(msgs_per_s=sum(rates) / 5, rounds=[{"msgs_per_s": r} for r in rates])
+
+
+def test_plain(benchmark):
+    _bench(benchmark, 100000.0)
+
+
+@pytest.mark.pcb_fail_on("msgs_per_s:-50%")
+def test_lenient(benchmark):
+    _bench(benchmark, 50000.0)
+"""
+
+
+@pytest.fixture
+def suite(pytester):
+    pytester.makepyfile(test_fake=FAKE)
+    storage = f"--benchmark-storage=file://{pytester.path / 'store'}"
+
+    def run(*args, scale="1", **env):
+        pytester._monkeypatch.setenv("FAKE_SCALE", scale)
+        for k, v in env.items():
+            pytester._monkeypatch.setenv(k, v)
+        return pytester.runpytest_subprocess(storage, "-p", "no:cacheprovider", *args)
+
+    return run
+
+
+def test_same_code_passes_and_a_slowdown_fails_its_item_with_one_line(suite, pytester):
+    suite("--benchmark-autosave").assert_outcomes(passed=2)
+    same = suite("--benchmark-compare", "--pcb-fail-on", "msgs_per_s:-10%")
+    same.assert_outcomes(passed=2)
+    same.stdout.fnmatch_lines(["*pyconcbench regression gate*", "baseline *0001_*; fail-on msgs_per_s:-10%; alpha 0.05; 2 unchanged"])
+
+    md = pytester.path / "summary.md"
+    slow = suite("--benchmark-compare", "--pcb-fail-on", "msgs_per_s:-10%", f"--pcb-gate-markdown={md}", scale="0.7")
+    slow.assert_outcomes(passed=1, failed=1)  # test_lenient's marker allows -50 %
+    assert slow.ret == 1
+    slow.stdout.fnmatch_lines([
+        "pyconcbench gate: test_plain: msgs_per_s regressed 100,000 msgs/s -> 70,000 msgs/s (-30.0%, threshold -10%), "
+        "one-sided Mann-Whitney U p=0.00397 over 5 vs 5 rounds",
+        "*REGRESSION  test_plain msgs_per_s -30.0% (p=0.00397)",
+        "FAILED test_fake.py::test_plain - pyconcbench gate: *",
+    ])
+    assert "Traceback" not in slow.stdout.str()
+    text = md.read_text()
+    assert "**1 regression**" in text and "| `test_lenient` | msgs_per_s | -50% |" in text
+
+
+def test_the_marker_travels_in_the_saved_results(suite, pytester):
+    suite("--benchmark-autosave").assert_outcomes(passed=2)
+    (saved,) = (pytester.path / "store").rglob("*.json")
+    data = json.loads(saved.read_text())
+    lenient = next(b for b in data["benchmarks"] if b["name"] == "test_lenient")
+    assert lenient["extra_info"]["pcb_fail_on"] == "msgs_per_s:-50%"
+
+
+def test_no_saved_baseline_is_a_clear_message_not_a_crash(suite):
+    res = suite("--benchmark-compare", "--pcb-fail-on", "msgs_per_s:-10%")
+    res.assert_outcomes(passed=2)
+    res.stdout.fnmatch_lines(["pyconcbench gate: no baseline: --benchmark-compare found no saved run in *store*, "
+                              "so nothing was gated (save one first: --benchmark-autosave)"])
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--pcb-fail-on", "msgs_per_s:-10%"),
+     "ERROR: --pcb-fail-on: the gate needs a baseline: add --benchmark-compare (the newest saved run) or --benchmark-compare=NUM"),
+    (("--pcb-fail-on", "msgs_per_s:-10%", "--benchmark-compare", "--benchmark-disable"),
+     "ERROR: --pcb-fail-on: the gate compares measured rounds; it cannot work with --benchmark-disable"),
+    (("--pcb-fail-on", "msgs_per_s:+10%", "--benchmark-compare"),
+     "ERROR: --pcb-fail-on: 'msgs_per_s:+10%': msgs_per_s is better higher, so its regression is a drop: write msgs_per_s:-10%"),
+    (("--pcb-fail-alpha", "2", "--benchmark-compare"),
+     "ERROR: --pcb-fail-alpha: the significance level must be between 0 and 1, got '2'"),
+])
+def test_usage_errors(suite, args, message):
+    res = suite(*args)
+    assert res.ret == pytest.ExitCode.USAGE_ERROR
+    res.stderr.fnmatch_lines([message])
+
+
+def test_environment_and_bad_marker(suite, pytester):
+    res = suite("--benchmark-compare", PCB_FAIL_ON="latency_p99:-5%")
+    res.stderr.fnmatch_lines(["ERROR: PCB_FAIL_ON (environment): 'latency_p99:-5%': latency_p99 is better lower*"])
+    pytester._monkeypatch.delenv("PCB_FAIL_ON")
+    pytester.makepyfile(test_bad="""
+        import pytest
+
+        @pytest.mark.pcb_fail_on("msgs_per_s")
+        def test_x(benchmark):
+            benchmark(lambda: None)
+    """)
+    res = pytester.runpytest_subprocess("test_bad.py", "-p", "no:cacheprovider")
+    assert res.ret == pytest.ExitCode.USAGE_ERROR
+    res.stderr.fnmatch_lines(["ERROR: test_bad.py::test_x: pcb_fail_on marker: 'msgs_per_s': expected ?SCOPE@?METRIC:THRESHOLD*"])
+
+
+def test_a_baseline_from_another_machine_is_refused_unless_allowed(suite, pytester):
+    suite("--benchmark-autosave").assert_outcomes(passed=2)
+    (saved,) = (pytester.path / "store").rglob("*.json")
+    data = json.loads(saved.read_text())
+    data["machine_info"]["pyconcbench"]["kernel"] = "1.0.0-elsewhere"
+    saved.write_text(json.dumps(data))
+    res = suite("--benchmark-compare", "--pcb-fail-on", "msgs_per_s:-10%")
+    assert res.ret == pytest.ExitCode.USAGE_ERROR
+    res.stderr.fnmatch_lines(["ERROR: --pcb-fail-on: the baseline *0001_* was measured on a different machine or "
+                              "Python (kernel: 1.0.0-elsewhere -> *): its numbers are not comparable; pass "
+                              "--pcb-allow-machine-change yes to gate anyway"])
+    res = suite("--benchmark-compare", "--pcb-fail-on", "msgs_per_s:-10%", "--pcb-allow-machine-change", "yes")
+    res.assert_outcomes(passed=2)
+    res.stdout.fnmatch_lines(["machine facts differ from the baseline's (gated anyway): kernel: 1.0.0-elsewhere -> *"])
