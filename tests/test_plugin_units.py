@@ -94,7 +94,7 @@ def test_parse_mallocs_and_bool():
 def result(completed=1000, elapsed=0.1, lg_cpu=0.05, p50=50_000, counts=(500, 500)):
     return loadgen.LoadResult(
         connections=len(counts), size=64, transport="tcp", completed=completed, elapsed=elapsed,
-        connect_seconds=0.002, latency={"p50": p50, "p99": 2 * p50, "max": 3 * p50},
+        connect_seconds=0.002, latency={"p50": p50, "p90": 1.5 * p50, "p95": 1.8 * p50, "p99": 2 * p50, "max": 3 * p50},
         fairness=loadgen.fairness(list(counts)), errors={k: 0 for k in loadgen.ERROR_KINDS},
         loadgen_cpu_user=lg_cpu / 2, loadgen_cpu_sys=lg_cpu / 2, bytes=completed * 64,
         latency_buckets=((p50, completed // 2), (2 * p50, completed - completed // 2)),
@@ -227,3 +227,30 @@ def test_echo_table():
     assert lines.index(native) < lines.index(aio)  # fastest first
     assert "≥200,000" in native and "load-generator-bound: rate is a lower bound" in native
     assert " 0.20 " in aio and "+20.00" in aio and "3 starving connections" in aio
+
+
+def test_a_slow_spell_of_the_host_makes_a_round_noisy(fakes, monkeypatch):
+    loops = iter([100.0, 100.0,            # warm-up: the best on CPUs 0 and 1
+                  100.0, 130.0, 100.0, 128.0,  # round 1: CPU 1 runs 1.3x slower
+                  101.0, 100.0, 100.0, 102.0])  # round 2: back to speed
+    monkeypatch.setattr(machine, "cpu_loop_ns", lambda cpu: next(loops))
+    gauge = machine.SpeedGauge((0, 1)).warm(1)
+    runner = EchoRunner(settings(), EchoCase("native_epoll", 2, 64, "tcp"), FakeServer(), probe_baseline=150.0,
+                        speed=gauge)
+    fakes["probes"] += [150.0] * 4
+    fakes["snaps"] += snaps(0.2, 0.09) * 2
+    runner.one_round(FakeSession([result(), result()]))
+    assert [r.noisy for r in runner.rejected] == ["CPU 1 ran a fixed loop 1.30x slower than its best"]
+    kept = runner.records[0]
+    assert kept.noisy == "" and kept.attempt == 1
+    assert plugin._round_dict(kept)["cpu_speed_before"] == {"0": 1.01, "1": 1.0}
+
+
+def test_speed_gauge_keeps_the_best_and_judges_against_it(monkeypatch):
+    loops = iter([200.0, 100.0, 114.0, 116.0])
+    monkeypatch.setattr(machine, "cpu_loop_ns", lambda cpu: next(loops))
+    gauge = machine.SpeedGauge((0,))
+    assert gauge.judge(gauge.probe()) == ""          # the first probe is its own best
+    assert gauge.best[0] == 200.0 and gauge.probe() == {0: 100.0} and gauge.best[0] == 100.0
+    assert gauge.judge(gauge.probe()) == ""          # 1.14x: within the factor
+    assert gauge.judge(gauge.probe()) == "CPU 0 ran a fixed loop 1.16x slower than its best"

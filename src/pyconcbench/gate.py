@@ -24,7 +24,7 @@ import fnmatch
 import re
 import statistics
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from pyconcbench import stats
 
@@ -147,8 +147,23 @@ def rules_for(bench: Dict[str, Any], rules: Sequence[Rule],
     return out
 
 
+#: Fewer clean rounds than this on either side, when some were noisy: the change is not judged.
+MIN_CLEAN_ROUNDS = 3
+
+
+def noisy_rounds(bench: Dict[str, Any]) -> int:
+    """How many of the benchmark's kept rounds were measured while the machine was noisy."""
+    info = bench.get("extra_info") or {}
+    for key in ("rounds", "samples"):
+        rounds = info.get(key)
+        if isinstance(rounds, list):
+            return sum(1 for r in rounds if isinstance(r, dict) and r.get("noisy"))
+    return 0
+
+
 def samples(bench: Dict[str, Any], metric: Metric) -> Tuple[Optional[float], List[float]]:
-    """(summary value, per-round samples) of a metric in a saved benchmark, or (None, [])."""
+    """(summary value, per-round samples) of a metric in a saved benchmark, or (None, []).
+    Rounds the plugin kept although they were noisy (retries exhausted) are left out."""
     info = bench.get("extra_info") or {}
     if metric.name == "time":
         st = bench.get("stats") or {}
@@ -167,7 +182,7 @@ def samples(bench: Dict[str, Any], metric: Metric) -> Tuple[Optional[float], Lis
         data = []
         if isinstance(rounds, list):
             data = [float(r[round_key]) for r in rounds
-                    if isinstance(r, dict) and isinstance(r.get(round_key), (int, float))]
+                    if isinstance(r, dict) and isinstance(r.get(round_key), (int, float)) and not r.get("noisy")]
         return float(value), data
     return None, []
 
@@ -186,7 +201,7 @@ class Change:
     p_value: Optional[float] = None
     n_base: int = 0
     n_new: int = 0
-    status: str = ""  # regression, within noise, improved, unchanged, no baseline, not in new run, no data
+    status: str = ""  # regression, within noise, noisy, improved, unchanged, not gated, no baseline, no data
     note: str = ""
 
     @property
@@ -217,8 +232,24 @@ def fmt_change(change: Optional[float]) -> str:
     return "-" if change is None else f"{change * 100:+.1f}%"
 
 
-def compare_one(base: Optional[Dict[str, Any]], new: Dict[str, Any], metric_name: str,
+Bases = Union[None, Dict[str, Any], Sequence[Dict[str, Any]]]
+
+
+def _as_list(base: Bases) -> List[Dict[str, Any]]:
+    if base is None:
+        return []
+    if isinstance(base, dict):
+        return [base]
+    return [b for b in base if b is not None]
+
+
+def compare_one(base: Bases, new: Dict[str, Any], metric_name: str,
                 threshold: Optional[float], alpha: float = DEFAULT_ALPHA) -> Change:
+    """One metric of one benchmark: ``base`` is the same test in one baseline run, or in
+    several (a list, oldest first).  With several, their rounds are pooled for the test, and
+    a regression must also fall outside the range of the baseline runs' own medians: runs of
+    unchanged code differ by more than their rounds do (the machine has slow spells), and
+    only several baseline runs show by how much."""
     metric = METRICS[metric_name]
     test = new.get("name") or new.get("fullname") or "?"
     ch = Change(test=test, group=new.get("group") or "", metric=metric_name, threshold=threshold)
@@ -227,27 +258,37 @@ def compare_one(base: Optional[Dict[str, Any]], new: Dict[str, Any], metric_name
     if new_value is None:
         ch.status = "no data"
         return ch
-    if base is None:
-        ch.new = statistics.median(new_samples) if new_samples else new_value
-        ch.status = "no baseline"
-        return ch
-    base_value, base_samples = samples(base, metric)
-    ch.n_base = len(base_samples)
-    if base_value is None:
-        ch.new = new_value
-        ch.status = "no baseline"
-        ch.note = f"the baseline has no {metric_name}"
-        return ch
-    ch.base = statistics.median(base_samples) if base_samples else base_value
     ch.new = statistics.median(new_samples) if new_samples else new_value
+    bases = []
+    for b in _as_list(base):
+        value, data = samples(b, metric)
+        if value is not None:
+            bases.append((value, data))
+    if not bases:
+        ch.status = "no baseline"
+        if base:
+            ch.note = f"the baseline has no {metric_name}"
+        return ch
+    noisy_new = noisy_rounds(new)
+    noisy_base = sum(noisy_rounds(b) for b in _as_list(base))
+    base_samples = [x for _, data in bases for x in data]
+    if (noisy_new and ch.n_new < MIN_CLEAN_ROUNDS) or (noisy_base and len(base_samples) < MIN_CLEAN_ROUNDS):
+        ch.status = "noisy"
+        ch.note = (f"too few rounds measured on a quiet machine to judge (new: {noisy_new} noisy, "
+                   f"{ch.n_new} clean; baseline: {noisy_base} noisy, {len(base_samples)} clean): rerun")
+        ch.n_base = len(base_samples)
+        return ch
+    run_medians = [statistics.median(data) if data else value for value, data in bases]
+    ch.n_base = len(base_samples)
+    ch.base = statistics.median(base_samples) if base_samples else statistics.median(run_medians)
     if not ch.base:
         ch.status = "no data"
         ch.note = "baseline value is 0"
         return ch
     ch.change = ch.new / ch.base - 1.0
     worse = -ch.change if metric.higher_is_better else ch.change  # > 0: worse
-    testable = (ch.n_base >= 1 and ch.n_new >= 1 and ch.n_base + ch.n_new >= 3
-                and stats.min_p_value(ch.n_base, ch.n_new) <= alpha)
+    testable = (ch.n_base >= 1 and ch.n_new >= 1 and stats.min_p_value(ch.n_base, ch.n_new) <= alpha)
+    p_better = 1.0
     if testable:
         if metric.higher_is_better:
             ch.p_value = stats.mann_whitney_less(new_samples, base_samples)  # new smaller = worse
@@ -255,10 +296,16 @@ def compare_one(base: Optional[Dict[str, Any]], new: Dict[str, Any], metric_name
         else:
             ch.p_value = stats.mann_whitney_less(base_samples, new_samples)  # new larger = worse
             p_better = stats.mann_whitney_less(new_samples, base_samples)
+    worst_run = min(run_medians) if metric.higher_is_better else max(run_medians)
+    inside_range = len(run_medians) >= 2 and (ch.new >= worst_run if metric.higher_is_better else ch.new <= worst_run)
     if threshold is None:
         ch.status = "not gated"
     elif worse > threshold:
-        if not testable:
+        if inside_range:
+            ch.status = "within noise"
+            ch.note = (f"inside the range of the {len(run_medians)} baseline runs' medians "
+                       f"({fmt_value(min(run_medians), metric)} .. {fmt_value(max(run_medians), metric)})")
+        elif not testable:
             ch.status = "regression"
             ch.note = (f"too few rounds for a significance test at alpha {alpha:g} "
                        f"({ch.n_base} vs {ch.n_new}): the threshold alone decided")
@@ -270,6 +317,8 @@ def compare_one(base: Optional[Dict[str, Any]], new: Dict[str, Any], metric_name
         ch.status = "improved"
     else:
         ch.status = "unchanged"
+    if len(run_medians) >= 2 and ch.status == "regression":
+        ch.note = (ch.note + "; " if ch.note else "") + f"worse than all {len(run_medians)} baseline runs"
     return ch
 
 
@@ -278,6 +327,7 @@ class GateResult:
     changes: List[Change] = field(default_factory=list)
     missing: List[str] = field(default_factory=list)  # in the baseline, not in the new run
     alpha: float = DEFAULT_ALPHA
+    baseline_runs: int = 1
 
     @property
     def regressions(self) -> List[Change]:
@@ -290,7 +340,7 @@ def marker_rules_of(bench: Dict[str, Any]) -> List[Rule]:
     return parse_fail_on(text) if text else []
 
 
-def check_bench(base: Optional[Dict[str, Any]], new: Dict[str, Any], rules: Sequence[Rule],
+def check_bench(base: Bases, new: Dict[str, Any], rules: Sequence[Rule],
                 marker_rules: Sequence[Rule] = (), alpha: float = DEFAULT_ALPHA) -> List[Change]:
     """Every gated metric of one benchmark that has it."""
     out = []
@@ -301,14 +351,23 @@ def check_bench(base: Optional[Dict[str, Any]], new: Dict[str, Any], rules: Sequ
     return out
 
 
-def compare_runs(base: Sequence[Dict[str, Any]], new: Sequence[Dict[str, Any]], rules: Sequence[Rule],
+def _key(bench: Dict[str, Any]) -> str:
+    return bench.get("fullname") or bench.get("name") or "?"
+
+
+def compare_runs(base: Sequence[Any], new: Sequence[Dict[str, Any]], rules: Sequence[Rule],
                  alpha: float = DEFAULT_ALPHA) -> GateResult:
-    """Baseline benchmarks against new ones, matched by full test name."""
-    by_name = {b.get("fullname") or b.get("name"): b for b in base}
-    result = GateResult(alpha=alpha)
+    """Baseline benchmarks against new ones, matched by full test name.  ``base`` is one run's
+    benchmarks, or a list of several runs' benchmark lists (pooled as compare_one says)."""
+    runs = [list(r) for r in base] if base and not isinstance(base[0], dict) else [list(base)]
+    by_name: Dict[str, List[Dict[str, Any]]] = {}
+    for run in runs:
+        for b in run:
+            by_name.setdefault(_key(b), []).append(b)
+    result = GateResult(alpha=alpha, baseline_runs=len(runs))
     seen = set()
     for bench in new:
-        key = bench.get("fullname") or bench.get("name")
+        key = _key(bench)
         seen.add(key)
         result.changes.extend(check_bench(by_name.get(key), bench, rules, marker_rules_of(bench), alpha))
     result.missing = sorted(k for k in by_name if k not in seen)
@@ -334,7 +393,7 @@ def fact_differences(base_machine: Dict[str, Any], new_machine: Dict[str, Any]) 
 
 # ---- the summary ------------------------------------------------------------------------
 
-STATUS_ORDER = ("regression", "within noise", "improved", "unchanged", "not gated", "no baseline")
+STATUS_ORDER = ("regression", "noisy", "within noise", "improved", "unchanged", "not gated", "no baseline")
 
 
 def markdown(result: GateResult, title: str = "pyconcbench regression gate",

@@ -9,6 +9,7 @@ import os
 import platform
 import resource
 import sys
+import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
@@ -170,3 +171,70 @@ def proc_status_kib(pid: int, key: str) -> Optional[int]:
 def loadavg() -> List[float]:
     text = _read("/proc/loadavg")
     return [float(x) for x in text.split()[:3]] if text else []
+
+
+# ---- CPU speed ----------------------------------------------------------------------------
+
+#: Iterations of the fixed loop one speed probe times (about 1 ms on the reference machine).
+SPEED_LOOPS = 12000
+#: A probe this much slower than the fastest seen on that CPU means a slow spell.
+SPEED_NOISY_FACTOR = 1.15
+
+
+def cpu_loop_ns(cpu: int, loops: int = SPEED_LOOPS, repeat: int = 3) -> float:
+    """The fastest of ``repeat`` timings (ns) of a fixed pure-Python loop, run with the calling
+    thread pinned to ``cpu`` (its affinity restored after)."""
+    old = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {cpu})
+    try:
+        best = float("inf")
+        for _ in range(repeat):
+            started = time.perf_counter_ns()
+            x = 0
+            for i in range(loops):
+                x += i
+            best = min(best, time.perf_counter_ns() - started)
+    finally:
+        os.sched_setaffinity(0, old)
+    return float(best)
+
+
+class SpeedGauge:
+    """How fast each pinned CPU runs now, against the fastest it has run this session.
+
+    A virtual CPU can run a fixed loop 1.2-1.7x slower for seconds at a time (another tenant
+    on its hyper-thread sibling, host frequency changes): invisible to steal time, to other
+    processes' CPU and to the cache-line probe, but it moves every number.  A round with a
+    probe before or after it slower than ``SPEED_NOISY_FACTOR`` x the best is noisy."""
+
+    def __init__(self, cpus: Any) -> None:
+        self.cpus = tuple(dict.fromkeys(cpus))
+        self.best: Dict[int, float] = {}
+
+    def probe(self) -> Dict[int, float]:
+        """cpu -> loop ns now (the running best updated)."""
+        out = {}
+        for cpu in self.cpus:
+            ns = cpu_loop_ns(cpu)
+            out[cpu] = ns
+            self.best[cpu] = min(self.best.get(cpu, ns), ns)
+        return out
+
+    def warm(self, times: int = 5) -> "SpeedGauge":
+        for _ in range(times):
+            self.probe()
+        return self
+
+    def slowdown(self, probe: Dict[int, float]) -> Dict[int, float]:
+        """cpu -> probe / best (1.0 = as fast as ever seen)."""
+        return {cpu: ns / self.best[cpu] for cpu, ns in probe.items() if self.best.get(cpu)}
+
+    def judge(self, *probes: Optional[Dict[int, float]]) -> str:
+        """Why these probes show a slow spell, or ''."""
+        for probe in probes:
+            if not probe:
+                continue
+            for cpu, ratio in self.slowdown(probe).items():
+                if ratio > SPEED_NOISY_FACTOR:
+                    return f"CPU {cpu} ran a fixed loop {ratio:.2f}x slower than its best"
+        return ""

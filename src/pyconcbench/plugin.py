@@ -472,14 +472,17 @@ class RoundRecord:
     probe_after: Optional[float]
     noisy: str  # why it was noisy, "" when clean
     attempt: int
+    speed_before: Optional[Dict[int, float]] = None  # cpu -> loop time / the best seen
+    speed_after: Optional[Dict[int, float]] = None
 
 
 class EchoRunner:
     """Runs the measured rounds of one echo case against a started server."""
 
     def __init__(self, settings: Settings, case: EchoCase, server: harness.ServerProcess,
-                 probe_baseline: Optional[float]):
+                 probe_baseline: Optional[float], speed: Optional[machine.SpeedGauge] = None):
         self.settings = settings
+        self.speed = speed
         self.case = case
         self.server = server
         self.probe_baseline = probe_baseline
@@ -513,7 +516,11 @@ class EchoRunner:
         cpus = self.settings.cpus
         return machine.cacheline_rtt(cpus[0], cpus[1]) if cpus else None
 
-    def _judge(self, rec: RoundRecord) -> str:
+    def _judge(self, rec: RoundRecord, speed_probes: Tuple[Any, ...] = ()) -> str:
+        if self.speed is not None:
+            slow = self.speed.judge(*speed_probes)
+            if slow:
+                return slow
         base = self.probe_baseline
         if base:
             limit = max(base * PROBE_NOISY_FACTOR, base + PROBE_NOISY_MARGIN_NS)
@@ -531,6 +538,10 @@ class EchoRunner:
         noise_retries extra tries); only the accepted phase's wall time counts."""
         entered = time.perf_counter()
         for attempt in range(self.settings.noise_retries + 1):
+            if attempt:
+                # a slow spell of the host lasts seconds: wait a little longer each time
+                time.sleep(min(2.0, 0.5 * attempt))
+            speed_before = self.speed.probe() if self.speed is not None else None
             probe_before = self._probe()
             self.server.check_alive()
             before = machine.snapshot(self.server.measured_pid)
@@ -539,6 +550,7 @@ class EchoRunner:
             finished = time.perf_counter()
             after = machine.snapshot(self.server.measured_pid)
             probe_after = self._probe()
+            speed_after = self.speed.probe() if self.speed is not None else None
             rec = RoundRecord(
                 result=result,
                 server_cpu=after.server_runtime - before.server_runtime,
@@ -547,7 +559,10 @@ class EchoRunner:
                 other_cpu=after.other_since(before),
                 probe_before=probe_before, probe_after=probe_after, noisy="", attempt=attempt,
             )
-            rec.noisy = self._judge(rec)
+            rec.noisy = self._judge(rec, (speed_before, speed_after))
+            if self.speed is not None:
+                rec.speed_before = self.speed.slowdown(speed_before)
+                rec.speed_after = self.speed.slowdown(speed_after)
             if not rec.noisy or attempt == self.settings.noise_retries:
                 self.records.append(rec)
                 ROUND_CLOCK.excluded += (time.perf_counter() - entered) - (finished - started)
@@ -652,6 +667,13 @@ class EchoOutcome:
             "server_rss_peak_kib": machine.proc_status_kib(server.measured_pid, "VmHWM"),
             "pinning": runner.settings.pinning_note,
             "probe_baseline_ns": runner.probe_baseline,
+            "cpu_speed_best_ns": ({str(c): round(v) for c, v in runner.speed.best.items()}
+                                  if runner.speed is not None else None),
+            "noise_rule": (f"a round is noisy when a fixed loop ran > {machine.SPEED_NOISY_FACTOR}x slower than "
+                           f"its best on either pinned CPU, or the cache-line probe exceeded "
+                           f"{PROBE_NOISY_FACTOR}x its quiet value, or other processes used > "
+                           f"{OTHER_CPU_NOISY_SHARE:.0%} of a CPU; it is measured again up to "
+                           f"{runner.settings.noise_retries} times, waiting 0.5 s more each time"),
             "noisy_rounds_rejected": len(runner.rejected),
             "noisy_rounds_kept": sum(1 for r in recs if r.noisy),
             "timer": "wall time of the accepted load phase (perf_counter less probes and rejected noisy rounds)",
@@ -688,9 +710,16 @@ def _round_dict(rec: RoundRecord) -> Dict[str, Any]:
         "other_cpu_share": round(rec.other_cpu / r.elapsed, 3) if r.elapsed else None,
         "probe_before_ns": round(rec.probe_before, 1) if rec.probe_before else None,
         "probe_after_ns": round(rec.probe_after, 1) if rec.probe_after else None,
+        "cpu_speed_before": _ratios(rec.speed_before),
+        "cpu_speed_after": _ratios(rec.speed_after),
         "noisy": rec.noisy or None,
         "attempt": rec.attempt,
     }
+
+
+def _ratios(speed: Optional[Dict[int, float]]) -> Optional[Dict[str, float]]:
+    """{cpu: loop time / best} as JSON keeps it (string keys)."""
+    return None if speed is None else {str(cpu): round(r, 3) for cpu, r in speed.items()}
 
 
 # ---- fixtures ---------------------------------------------------------------------------
@@ -698,6 +727,14 @@ def _round_dict(rec: RoundRecord) -> Dict[str, Any]:
 @pytest.fixture(scope="session")
 def pcb_settings(pytestconfig: pytest.Config) -> Settings:
     return pytestconfig.stash[SETTINGS_KEY]
+
+
+@pytest.fixture(scope="session")
+def pcb_speed_gauge(pcb_settings: Settings) -> Optional[machine.SpeedGauge]:
+    """Times a fixed loop on the two pinned CPUs around each round: a round measured in one of
+    the host's slow spells is noisy (see machine.SpeedGauge)."""
+    cpus = pcb_settings.cpus
+    return machine.SpeedGauge(cpus).warm() if cpus else None
 
 
 @pytest.fixture(scope="session")
@@ -908,13 +945,14 @@ def echo_server(request: pytest.FixtureRequest, echo_case: EchoCase, pcb_setting
 @pytest.fixture
 def echo_bench(request: pytest.FixtureRequest, benchmark: Any, echo_case: EchoCase,
                echo_server: harness.ServerProcess, pcb_settings: Settings,
-               pcb_probe_baseline: Optional[float]) -> Callable[[], EchoOutcome]:
+               pcb_probe_baseline: Optional[float],
+               pcb_speed_gauge: Optional[machine.SpeedGauge]) -> Callable[[], EchoOutcome]:
     """Call it to run the measured rounds; returns the EchoOutcome (also in extra_info)."""
 
     def run() -> EchoOutcome:
         if pcb_settings.syscalls and _syscall_tool(request.config) is None:
             pytest.skip("--pcb-syscalls needs perf (linux-perf) or strace on PATH")
-        runner = EchoRunner(pcb_settings, echo_case, echo_server, pcb_probe_baseline)
+        runner = EchoRunner(pcb_settings, echo_case, echo_server, pcb_probe_baseline, pcb_speed_gauge)
         failure = None
         try:
             outcome = runner.run(benchmark)

@@ -6,8 +6,9 @@ warmed up) before the first round.  Ids read ``test_zmq[aiozmq_rpc-uvloop-200B-i
 the same work.  Requests/s, latency percentiles, CPU per request and every round's own figures
 are in ``extra_info``.
 
-A round is noisy, as in the echo suite, when other processes used more than a quarter of a CPU
-during it, or when the cache-line round trip between the two pinned CPUs, probed before and
+A round is noisy, as in the echo suite, when a fixed loop timed on either pinned CPU before or
+after it ran more than 1.15x slower than its best (the host's slow spells), when other processes
+used more than a quarter of a CPU during it, or when the cache-line round trip between the two pinned CPUs, probed before and
 after it, was well above the quiet machine's (a VM whose virtual CPUs the host placed apart,
 or that shares them: every cross-CPU wake-up is dearer then).  A noisy round is measured
 again, up to ``--pcb-noise-retries`` times; pytest-benchmark's timer (``ROUND_CLOCK``) leaves
@@ -69,7 +70,7 @@ def noisy(result, probes, baseline):
     return ""
 
 
-def test_zmq(zmq_case, benchmark, pcb_settings, pcb_probe_baseline):
+def test_zmq(zmq_case, benchmark, pcb_settings, pcb_probe_baseline, pcb_speed_gauge):
     requests = pcb_settings.messages or zmq_case.requests
     rounds = pcb_settings.rounds or PROFILES[pcb_settings.profile]().rounds
     retries = pcb_settings.noise_retries
@@ -85,13 +86,18 @@ def test_zmq(zmq_case, benchmark, pcb_settings, pcb_probe_baseline):
     def one_round():
         entered = time.perf_counter()
         for attempt in range(retries + 1):
+            if attempt:
+                time.sleep(min(2.0, 0.5 * attempt))  # slow spells of the host last seconds
+            speed_before = pcb_speed_gauge.probe() if pcb_speed_gauge else None
             before = probe()
             started = time.perf_counter()
             result = session.round(requests)
             finished = time.perf_counter()
             after = probe()
+            speed_after = pcb_speed_gauge.probe() if pcb_speed_gauge else None
             probes = [p for p in (before, after) if p is not None]
-            note = noisy(result, probes, pcb_probe_baseline)
+            note = ((pcb_speed_gauge.judge(speed_before, speed_after) if pcb_speed_gauge else "")
+                    or noisy(result, probes, pcb_probe_baseline))
             record = {"probe_before_ns": _ns(before), "probe_after_ns": _ns(after), "noisy": note or None,
                       "attempt": attempt}
             if not note or attempt == retries:
