@@ -8,7 +8,7 @@ EXTRAS ?= test,all
 BENCH_ARGS ?=
 TEST_ARGS ?=
 
-.PHONY: install bench compare test test-fast debug test-debug clean
+.PHONY: install bench compare test test-fast debug test-debug clean tox matrix report
 
 $(STAMP): pyproject.toml setup.py $(wildcard native/*.c native/*.h)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -23,6 +23,26 @@ install: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m pytest tests/bench --pcb-profile quick --benchmark-autosave \
 	    $$(ls .benchmarks/*/*.json >/dev/null 2>&1 && echo --benchmark-compare) $(BENCH_ARGS)
+
+# The studies' tables of the newest saved run, with plots and an HTML page.
+report: $(STAMP)
+	$(VENV)/bin/pyconcbench report --png bench-plots --html bench-report.html
+
+# tox across every Python pyenv has (interpreters missing are skipped): `make tox` runs the
+# tests on each, `make matrix` the quick suite on each and the cross-version report.
+empty :=
+space := $(empty) $(empty)
+PYENV_PATH := $(subst $(space),:,$(wildcard $(shell pyenv root 2>/dev/null)/versions/*/bin))
+TOX := PATH="$(PYENV_PATH):$$PATH" $(VENV)/bin/tox
+
+$(VENV)/bin/tox: $(STAMP)
+	$(PY) -m pip install --quiet 'tox>=4'
+
+tox: $(VENV)/bin/tox
+	$(TOX)
+
+matrix: $(VENV)/bin/tox
+	$(TOX) -e matrix
 
 # Compare the newest saved run with the one before it (pytest-benchmark's own table).
 compare: $(STAMP)

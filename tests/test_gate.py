@@ -188,3 +188,30 @@ def test_fact_differences():
     b = rf.run([], python="3.12.1", kernel="6.19.0")["machine_info"]
     assert gate.fact_differences(a, a) == []
     assert gate.fact_differences(a, b) == ["kernel: 6.18.0 -> 6.19.0", "python: 3.11.7 -> 3.12.1"]
+
+
+def test_several_baseline_runs_pool_rounds_and_bound_the_noise():
+    fast = rf.echo("selectors", 10, [120.0, 121.0, 119.0, 120.5, 119.5])
+    slow = rf.echo("selectors", 10, [80.0, 81.0, 79.0, 80.5, 79.5])
+    rules = gate.parse_fail_on("msgs_per_s:-10%")
+    # 84 is 15 % below the pooled median (~100) but inside the range of the two baseline runs
+    new = rf.echo("selectors", 10, [84.0, 85.0, 83.0, 84.5, 83.5])
+    (ch,) = gate.check_bench([fast, slow], new, rules)
+    assert ch.status == "within noise" and ch.n_base == 10
+    assert "inside the range of the 2 baseline runs' medians (80 msgs/s .. 120 msgs/s)" in ch.note
+    worse = rf.echo("selectors", 10, [70.0, 71.0, 69.0, 70.5, 69.5])
+    (ch,) = gate.check_bench([fast, slow], worse, rules)
+    assert ch.status == "regression" and "worse than all 2 baseline runs" in ch.line()
+
+
+def test_noisy_rounds_are_left_out_and_too_few_clean_ones_are_not_judged():
+    base = rf.echo("selectors", 10, BASE)
+    new = rf.echo("selectors", 10, [60.0, 61.0, 59.0, 60.5, 59.5])
+    for r in new["extra_info"]["rounds"][:3]:
+        r["noisy"] = "CPU 1 ran a fixed loop 1.40x slower than its best"
+    (ch,) = gate.check_bench(base, new, gate.parse_fail_on("msgs_per_s:-10%"))
+    assert ch.status == "noisy" and not ch.failed
+    assert "new: 3 noisy, 2 clean" in ch.note
+    new["extra_info"]["rounds"][0]["noisy"] = None
+    (ch,) = gate.check_bench(base, new, gate.parse_fail_on("msgs_per_s:-10%"))
+    assert ch.status == "regression" and ch.n_new == 3

@@ -125,3 +125,16 @@ def test_a_baseline_from_another_machine_is_refused_unless_allowed(suite, pytest
     res = suite("--benchmark-compare", "--pcb-fail-on", "msgs_per_s:-10%", "--pcb-allow-machine-change", "yes")
     res.assert_outcomes(passed=2)
     res.stdout.fnmatch_lines(["machine facts differ from the baseline's (gated anyway): kernel: 1.0.0-elsewhere -> *"])
+
+
+def test_a_glob_baseline_pools_several_saved_runs(suite):
+    suite("--benchmark-save=main").assert_outcomes(passed=2)
+    suite("--benchmark-save=main", scale="0.95").assert_outcomes(passed=2)
+    suite("--benchmark-save=other", scale="0.5").assert_outcomes(passed=2)
+    res = suite("--benchmark-compare=*_main", "--pcb-fail-on", "msgs_per_s:-10%", scale="0.7")
+    res.assert_outcomes(passed=1, failed=1)
+    res.stdout.fnmatch_lines([
+        "pyconcbench gate: test_plain: msgs_per_s regressed * -> 70,000 msgs/s (-*%, threshold -10%), "
+        "one-sided Mann-Whitney U p=* over 10 vs 5 rounds; worse than all 2 baseline runs",
+        "baseline 2 runs (*0001_main.json .. *0002_main.json); *",
+    ])

@@ -154,13 +154,24 @@ def test_compare_exit_codes_and_one_line_per_regression(storage, capsys):
     assert "| regression |" in cap.out
 
 
+def test_compare_against_several_baseline_runs(storage, capsys):
+    # 0001 and 0002 pooled: the 30 % slower 0003 is worse than both, and significant
+    assert cli.main(["compare", "--storage", str(storage), "0001", "0002", "0003", "--fail-on", "msgs_per_s:-10%"]) == 1
+    out = capsys.readouterr().out
+    assert "(2 runs, commit" in out and "worse than all 2 baseline runs" in out
+    # a glob matching several runs works as the baseline too
+    assert cli.main(["compare", "--storage", str(storage), "000[12]", "0003", "--fail-on", "msgs_per_s:-10%"]) == 1
+
+
 def test_compare_errors(storage, tmp_path, capsys):
     assert cli.main(["compare", "--storage", str(storage), "0001", "0009"]) == 2
     assert "no saved run matching '0009'" in capsys.readouterr().err
     assert cli.main(["compare", "--storage", str(storage), "0001", "0002", "--fail-on", "msgs_per_s:+10%"]) == 2
     assert "write msgs_per_s:-10%" in capsys.readouterr().err
-    assert cli.main(["compare", "--storage", str(storage), "0", "0002"]) == 2
+    assert cli.main(["compare", "--storage", str(storage), "0001", "0"]) == 2
     assert "matches 3 saved runs" in capsys.readouterr().err
+    assert cli.main(["compare", "--storage", str(storage), "0001", "0001"]) == 2
+    assert "names only the new run itself" in capsys.readouterr().err
     rf.save(storage, "0004_newkernel", suite(kernel="6.19.1"))
     assert cli.main(["compare", "--storage", str(storage), "0001", "0004"]) == 2
     assert "kernel: 6.18.0 -> 6.19.1" in capsys.readouterr().err

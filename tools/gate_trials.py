@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -41,13 +42,81 @@ def run_suite(storage: Path, name: str, slowdown: int) -> None:
         sys.exit(f"suite run {name} failed:\n{done.stdout[-3000:]}")
 
 
+def verdicts(bases, new, rules):
+    res = gate.compare_runs([b.benchmarks for b in bases], new.benchmarks, rules)
+    return res.changes
+
+
+def report(runs, reruns, slowdowns, rules, fail_on) -> None:
+    rng = random.Random(1)
+    same = [runs[f"same{n:02d}"] for n in range(reruns)]
+    print(f"## Gate trials: fail-on `{fail_on}`, alpha {gate.DEFAULT_ALPHA}")
+    print()
+    print(f"Suite: `pytest {' '.join(SUITE)}` (5 rounds per benchmark), {reruns} runs of unchanged code, "
+          f"then one run per slowdown.")
+    print()
+    print("| baseline | metric checks (unchanged code) | false alarms | not judged (noisy) |")
+    print("|---|---:|---:|---:|")
+    plans = [("1 run (every other run in turn)", 1), ("5 runs (10 random draws per new run)", 5)]
+    for label, k in plans:
+        checks = alarms = noisy = 0
+        for i, new in enumerate(same):
+            others = [r for j, r in enumerate(same) if j != i]
+            draws = [[o] for o in others] if k == 1 else [rng.sample(others, min(k, len(others))) for _ in range(10)]
+            for bases in draws:
+                for c in verdicts(bases, new, rules):
+                    checks += 1
+                    alarms += c.failed
+                    noisy += c.status == "noisy"
+        print(f"| {label} | {checks} | **{alarms}** ({alarms / max(checks, 1):.1%}) | {noisy} |")
+    print()
+    print("Changes between runs of unchanged code (every ordered pair):")
+    print()
+    print("| test | metric | median abs change | largest |")
+    print("|---|---|---:|---:|")
+    noise = {}
+    for a, b in itertools.permutations(same, 2):
+        for c in verdicts([a], b, rules):
+            if c.change is not None:
+                noise.setdefault((c.test, c.metric), []).append(c.change)
+    for (test, metric), changes in sorted(noise.items()):
+        absl = sorted(abs(c) for c in changes)
+        print(f"| `{test}` | {metric} | {absl[len(absl) // 2] * 100:.1f}% | {max(changes, key=abs) * 100:+.1f}% |")
+    print()
+    print("Slowdowns (each slowed run against the unchanged runs as baselines):")
+    print()
+    print("| slowdown per message | test | metric | median change | caught, 1-run baseline | caught, 5-run baseline |")
+    print("|---:|---|---|---:|---:|---:|")
+    for ns in slowdowns:
+        slow = runs[f"slow{ns}"]
+        one, five = {}, {}
+        for base in same:
+            for c in verdicts([base], slow, rules):
+                one.setdefault((c.test, c.metric), []).append(c)
+        for _ in range(10):
+            for c in verdicts(rng.sample(same, min(5, len(same))), slow, rules):
+                five.setdefault((c.test, c.metric), []).append(c)
+        for key, cs in sorted(one.items()):
+            changes = sorted(c.change or 0.0 for c in cs)
+            f = five.get(key, [])
+            print(f"| {ns / 1000:g} µs | `{key[0]}` | {key[1]} | {changes[len(changes) // 2] * 100:+.1f}% "
+                  f"| {sum(c.failed for c in cs)}/{len(cs)} | {sum(c.failed for c in f)}/{len(f)} |")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--reruns", type=int, default=10)
     p.add_argument("--slowdowns", default="250,500,1000,2000,4000", help="ns per received chunk")
     p.add_argument("--fail-on", default="msgs_per_s:-10%,latency_p99:+25%")
     p.add_argument("--storage", default="/tmp/pyconcbench-gate-trials")
+    p.add_argument("--report-only", action="store_true", help="gate the runs already in --storage")
     args = p.parse_args()
+    if args.report_only:
+        runs = {Path(r.path).stem.split("_", 1)[1]: r for r in load_runs(["*/*"], args.storage)}
+        slowdowns = sorted(int(k[4:]) for k in runs if k.startswith("slow"))
+        reruns = sum(1 for k in runs if k.startswith("same"))
+        report(runs, reruns, slowdowns, gate.parse_fail_on(args.fail_on), args.fail_on)
+        return 0
     storage = Path(args.storage)
     shutil.rmtree(storage, ignore_errors=True)
     rules = gate.parse_fail_on(args.fail_on)
@@ -59,55 +128,7 @@ def main() -> int:
         run_suite(storage, f"slow{ns}", ns)
 
     runs = {Path(r.path).stem.split("_", 1)[1]: r for r in load_runs(["*/*"], str(storage))}
-    same = [runs[f"same{n:02d}"] for n in range(args.reruns)]
-
-    checks = alarms = 0
-    alarm_lines = []
-    for a, b in itertools.permutations(same, 2):
-        res = gate.compare_runs(a.benchmarks, b.benchmarks, rules)
-        checks += len(res.changes)
-        for c in res.regressions:
-            alarms += 1
-            alarm_lines.append(f"{Path(a.path).stem[:9]} -> {Path(b.path).stem[:9]}: {c.line()}")
-    noise = {}
-    for c in itertools.chain.from_iterable(
-            gate.compare_runs(a.benchmarks, b.benchmarks, rules).changes for a, b in itertools.permutations(same, 2)):
-        noise.setdefault((c.test, c.metric), []).append(c.change or 0.0)
-
-    print(f"## Gate trials: fail-on `{args.fail_on}`, alpha {gate.DEFAULT_ALPHA}")
-    print()
-    print(f"Suite: `pytest {' '.join(SUITE)}` (5 rounds per benchmark)")
-    print()
-    print(f"### Unchanged code: {args.reruns} runs, every ordered pair gated")
-    print()
-    print(f"{checks} metric checks, **{alarms} false alarms**")
-    for line in alarm_lines:
-        print(f"- {line}")
-    print()
-    print("| test | metric | largest change between two same-code runs | share beyond threshold |")
-    print("|---|---|---:|---:|")
-    thr = {r.metric: r.threshold for r in rules}
-    for (test, metric), changes in sorted(noise.items()):
-        worst = max(changes, key=abs)
-        t = thr.get(metric) or 0
-        beyond = sum(1 for c in changes if (c < -t if gate.METRICS[metric].higher_is_better else c > t))
-        print(f"| `{test}` | {metric} | {worst * 100:+.1f}% | {beyond}/{len(changes)} |")
-    print()
-    print("### Slowdowns: each slowed run gated against every unchanged run")
-    print()
-    print("| slowdown per message | test | metric | median change | caught |")
-    print("|---:|---|---|---:|---:|")
-    for ns in slowdowns:
-        slow = runs[f"slow{ns}"]
-        per = {}
-        for base in same:
-            for c in gate.compare_runs(base.benchmarks, slow.benchmarks, rules).changes:
-                per.setdefault((c.test, c.metric), []).append(c)
-        for (test, metric), cs in sorted(per.items()):
-            changes = sorted(c.change or 0.0 for c in cs)
-            caught = sum(1 for c in cs if c.failed)
-            print(f"| {ns / 1000:g} µs | `{test}` | {metric} | {changes[len(changes) // 2] * 100:+.1f}% "
-                  f"| {caught}/{len(cs)} |")
+    report(runs, args.reruns, slowdowns, rules, args.fail_on)
     return 0
 
 

@@ -53,8 +53,10 @@ def parser() -> argparse.ArgumentParser:
                                    "rounds is worse than the threshold AND a one-sided Mann-Whitney U test "
                                    "over the per-round samples gives p <= alpha. Prints a Markdown summary; "
                                    "exits 1 on a regression, with one line per regression on stderr.")
-    c.add_argument("base", metavar="BASE", help=RUN_HELP)
-    c.add_argument("new", metavar="NEW", help=RUN_HELP)
+    c.add_argument("runs", nargs="+", metavar="BASE [BASE ...] NEW",
+                   help=RUN_HELP + ". Every BASE (a prefix or glob may match several runs: '*_main') is "
+                   "the baseline: with several, their rounds are pooled and a regression must be worse than "
+                   "each of them. NEW must name one run")
     add_storage(c)
     c.add_argument("--fail-on", metavar="EXPR",
                    help="comma-separated [SCOPE@]METRIC:THRESHOLD items, e.g. 'msgs_per_s:-10%%,latency_p99:+25%%'; "
@@ -135,16 +137,24 @@ def cmd_compare(args: argparse.Namespace) -> int:
     alpha = args.alpha
     if not 0 < alpha < 1:
         return _fail(f"--alpha must be between 0 and 1, got {alpha}")
-    base = _one(args.base, args.storage)
-    new = _one(args.new, args.storage)
-    diffs = gate.fact_differences(base.machine, new.machine)
-    if diffs and not args.allow_machine_change:
-        return _fail(f"{base.name} and {new.name} were measured on different machines or Pythons ("
-                     + "; ".join(diffs) + "): their numbers are not comparable; pass "
-                     "--allow-machine-change to compare them anyway")
-    result = gate.compare_runs(base.benchmarks, new.benchmarks, rules, alpha)
-    context = [f"Baseline `{base.name}` (commit {base.commit}), new `{new.name}` (commit {new.commit}); "
-               f"fail-on `{expr}`."]
+    if len(args.runs) < 2:
+        return _fail("compare needs a baseline and a new run: pyconcbench compare BASE [BASE ...] NEW")
+    new = _one(args.runs[-1], args.storage)
+    bases = [r for r in load_runs(args.runs[:-1], args.storage) if r.path != new.path]
+    if not bases:
+        return _fail(f"the baseline {' '.join(args.runs[:-1])} names only the new run itself")
+    diffs: List[str] = []
+    for base in bases:
+        found = gate.fact_differences(base.machine, new.machine)
+        if found and not args.allow_machine_change:
+            return _fail(f"{base.name} and {new.name} were measured on different machines or Pythons ("
+                         + "; ".join(found) + "): their numbers are not comparable; pass "
+                         "--allow-machine-change to compare them anyway")
+        diffs += [d for d in found if d not in diffs]
+    result = gate.compare_runs([b.benchmarks for b in bases], new.benchmarks, rules, alpha)
+    names = ", ".join(f"`{b.name}`" for b in bases[:5]) + (" …" if len(bases) > 5 else "")
+    context = [f"Baseline {names} ({len(bases)} run{'s' if len(bases) > 1 else ''}, commit {bases[-1].commit}), "
+               f"new `{new.name}` (commit {new.commit}); fail-on `{expr}`."]
     if diffs:
         context.append("Machine facts differ (compared anyway): " + "; ".join(diffs))
     text = gate.markdown(result, context=context)

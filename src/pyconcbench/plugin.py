@@ -800,7 +800,7 @@ class GatePlugin:
         self.rules = gate.parse_fail_on(settings.fail_on or "")
         self.settings = settings
         self.result = gate.GateResult(alpha=settings.fail_alpha)
-        self.baseline: Dict[str, Dict[str, Any]] = {}
+        self.baseline: Dict[str, List[Dict[str, Any]]] = {}
         self.baseline_name = ""
         self.problem = ""
         self.facts_note = ""
@@ -825,21 +825,27 @@ class GatePlugin:
             self.problem = (f"no baseline: --benchmark-compare found no saved run in {where}, so nothing "
                             "was gated (save one first: --benchmark-autosave)")
             return
-        path = list(mapping)[-1]
-        self.baseline = mapping[path]
-        self.baseline_name = str(path)
-        try:
-            data = json.loads((Path(str(bs.storage)) / path).read_text(encoding="utf8"))
-        except (OSError, ValueError):
-            data = {}
-        diffs = gate.fact_differences(data.get("machine_info", {}), {"pyconcbench": machine.machine_facts()})
-        if diffs and not settings.allow_machine_change:
-            raise pytest.UsageError(
-                f"{self.source}: the baseline {path} was measured on a different machine or Python ("
-                + "; ".join(diffs) + "): its numbers are not comparable; pass --pcb-allow-machine-change "
-                "yes to gate anyway")
-        if diffs:
-            self.facts_note = "machine facts differ from the baseline's (gated anyway): " + "; ".join(diffs)
+        # --benchmark-compare=GLOB may match several saved runs: all of them are the baseline
+        # (their rounds pooled, and a regression must be worse than every one of them).
+        for path, benches in mapping.items():
+            for fullname, bench in benches.items():
+                self.baseline.setdefault(fullname, []).append(bench)
+        names = [str(p) for p in mapping]
+        self.baseline_name = names[0] if len(names) == 1 else f"{len(names)} runs ({names[0]} .. {names[-1]})"
+        here = {"pyconcbench": machine.machine_facts()}
+        for path in mapping:
+            try:
+                data = json.loads((Path(str(bs.storage)) / path).read_text(encoding="utf8"))
+            except (OSError, ValueError):
+                data = {}
+            diffs = gate.fact_differences(data.get("machine_info", {}), here)
+            if diffs and not settings.allow_machine_change:
+                raise pytest.UsageError(
+                    f"{self.source}: the baseline {path} was measured on a different machine or Python ("
+                    + "; ".join(diffs) + "): its numbers are not comparable; pass --pcb-allow-machine-change "
+                    "yes to gate anyway")
+            if diffs:
+                self.facts_note = "machine facts differ from the baseline's (gated anyway): " + "; ".join(diffs)
 
     @staticmethod
     def bench_dict(bench: Any) -> Optional[Dict[str, Any]]:
