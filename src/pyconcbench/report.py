@@ -19,7 +19,8 @@ from pyconcbench.summary import BASELINE, size_label
 
 SPREAD_NOTE = ("± is the half-width of the 95 % confidence interval (Student t) of the mean of the "
                "per-round msgs/s, as a share of the rate; the rate itself is all verified round trips "
-               "of the accepted rounds over their total time")
+               "of the accepted rounds over their total time; '(n noisy)': n rounds were kept although "
+               "the machine was noisy (slow spell, busy CPUs) after the retries ran out")
 LG_BOUND_NOTE = ("≥: the load generator was ≥ 90 % busy in some round, so the rate is a lower bound "
                  "for the server (compare its CPU per round trip instead)")
 
@@ -113,7 +114,9 @@ def rate_cell(info: Dict[str, Any]) -> str:
     half = stats.ci95_halfwidth(per_round)
     mean = statistics.mean(per_round) if per_round else None
     spread = f" ± {half / mean * 100:.1f}%" if half is not None and mean else ""
-    return ("≥" if info.get("loadgen_bound") else "") + f"{rate:,.0f}" + spread
+    kept = info.get("noisy_rounds_kept")
+    return (("≥" if info.get("loadgen_bound") else "") + f"{rate:,.0f}" + spread
+            + (f" ({kept} noisy)" if kept else ""))
 
 
 def _grid(infos: Sequence[Dict[str, Any]], col_key: str) -> Tuple[List[Any], List[str], Dict[Tuple[str, Any], Dict[str, Any]]]:
