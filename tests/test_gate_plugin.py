@@ -138,3 +138,21 @@ def test_a_glob_baseline_pools_several_saved_runs(suite):
         "one-sided Mann-Whitney U p=* over 10 vs 5 rounds; worse than all 2 baseline runs",
         "baseline 2 runs (*0001_main.json .. *0002_main.json); *",
     ])
+
+
+def test_pytest_benchmarks_own_compare_fail_still_works(pytester):
+    pytester.makepyfile(test_sleepy="""
+        import os
+        import time
+
+        def test_sleepy(benchmark):
+            delay = 0.004 * float(os.environ.get("FAKE_SCALE", "1"))
+            benchmark.pedantic(time.sleep, args=(delay,), rounds=5, iterations=1)
+    """)
+    storage = f"--benchmark-storage=file://{pytester.path / 'store'}"
+    pytester.runpytest_subprocess(storage, "--benchmark-autosave", "-p", "no:cacheprovider").assert_outcomes(passed=1)
+    pytester._monkeypatch.setenv("FAKE_SCALE", "3")
+    res = pytester.runpytest_subprocess(storage, "--benchmark-compare", "--benchmark-compare-fail=median:10%",
+                                        "-p", "no:cacheprovider")
+    assert res.ret != 0
+    res.stderr.fnmatch_lines(["*Performance has regressed*"])
