@@ -33,7 +33,7 @@ report: $(STAMP)
 empty :=
 space := $(empty) $(empty)
 PYENV_PATH := $(subst $(space),:,$(wildcard $(shell pyenv root 2>/dev/null)/versions/*/bin))
-TOX := PATH="$(PYENV_PATH):$$PATH" $(VENV)/bin/tox
+TOX := $(if $(PYENV_PATH),PATH="$(PYENV_PATH):$$PATH") $(VENV)/bin/tox
 
 $(VENV)/bin/tox: $(STAMP)
 	$(PY) -m pip install --quiet 'tox>=4'

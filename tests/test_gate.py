@@ -132,10 +132,13 @@ def test_lower_is_better_metrics_regress_upwards():
     assert gate.check_bench(base, better, rules)[0].status == "improved"
 
 
-def test_too_few_rounds_for_the_test_fall_back_to_the_threshold_and_say_so():
+def test_too_few_rounds_for_any_significance_are_untested_not_failed():
     ch = _cmp([100.0, 100.0], [50.0, 50.0])
-    assert ch.status == "regression"
-    assert "too few rounds" in ch.note and "the threshold alone decided" in ch.line()
+    assert ch.status == "untested" and not ch.failed
+    assert "2 vs 2 rounds cannot reach p <= 0.05 (the smallest possible is 0.167)" in ch.note
+    # a tighter alpha than the rounds allow is untested too, never stricter
+    ch = _cmp(BASE, [80.0, 81.0, 79.0, 80.5, 79.5], alpha=0.001)
+    assert ch.status == "untested"
 
 
 def test_no_baseline_and_metrics_a_benchmark_does_not_have():

@@ -83,7 +83,10 @@ def test_no_saved_baseline_is_a_clear_message_not_a_crash(suite):
     (("--pcb-fail-on", "msgs_per_s:-10%"),
      "ERROR: --pcb-fail-on: the gate needs a baseline: add --benchmark-compare (the newest saved run) or --benchmark-compare=NUM"),
     (("--pcb-fail-on", "msgs_per_s:-10%", "--benchmark-compare", "--benchmark-disable"),
-     "ERROR: --pcb-fail-on: the gate compares measured rounds; it cannot work with --benchmark-disable"),
+     "ERROR: --pcb-fail-on: the gate compares measured rounds, but benchmarks are disabled or skipped in this "
+     "run (--benchmark-disable, --benchmark-skip, or pytest-xdist's -n)"),
+    (("--pcb-fail-on", "msgs_per_s:-10%", "--benchmark-compare", "--benchmark-skip"),
+     "ERROR: --pcb-fail-on: the gate compares measured rounds, but benchmarks are disabled or skipped*"),
     (("--pcb-fail-on", "msgs_per_s:+10%", "--benchmark-compare"),
      "ERROR: --pcb-fail-on: 'msgs_per_s:+10%': msgs_per_s is better higher, so its regression is a drop: write msgs_per_s:-10%"),
     (("--pcb-fail-alpha", "2", "--benchmark-compare"),

@@ -97,8 +97,12 @@ def test_report_by_python_puts_versions_side_by_side(tmp_path, capsys):
     assert "| asyncio_protocol | 35,998 ± 1.0% | 39,998 ± 1.0% | 43,998 ± 1.0% |" in out
     assert "| python-generator_next | 25.0 | 25.0 | 25.0 |" in out
     assert cli.main(["report", "--by-python", "--storage", str(tmp_path), "*/*_matrix*-nothing"]) == 2
-    assert cli.main(["report", "--by-python", str(tmp_path / "Linux-CPython-3.9-64bit" / "0001_matrix.json")]) == 2
-    assert "needs the runs of at least two Python versions" in capsys.readouterr().err
+    capsys.readouterr()
+    # one Python only (tox -e matrix with one interpreter installed): the plain report, said so
+    assert cli.main(["report", "--by-python", str(tmp_path / "Linux-CPython-3.9-64bit" / "0001_matrix.json")]) == 0
+    cap = capsys.readouterr()
+    assert "the runs are all of Python 3.9.18: printing the plain report" in cap.err
+    assert "### Echo throughput (msgs/s)" in cap.out
 
 
 @pytest.fixture(scope="module")
@@ -161,6 +165,31 @@ def test_compare_against_several_baseline_runs(storage, capsys):
     assert "(2 runs, commit" in out and "worse than all 2 baseline runs" in out
     # a glob matching several runs works as the baseline too
     assert cli.main(["compare", "--storage", str(storage), "000[12]", "0003", "--fail-on", "msgs_per_s:-10%"]) == 1
+
+
+def test_compare_fails_when_benchmarks_went_missing(storage, tmp_path, capsys):
+    data = suite(when="2026-11-22T13:00:00")
+    data["benchmarks"] = [b for b in data["benchmarks"] if "native_epoll" not in b["name"]]
+    rf.save(storage, "0004_crashed", data)
+    assert cli.main(["compare", "--storage", str(storage), "0001", "0004"]) == 1
+    err = capsys.readouterr().err
+    assert "MISSING 3 benchmark(s) of the baseline are not in 0004_crashed.json" in err
+    assert cli.main(["compare", "--storage", str(storage), "0001", "0004", "--allow-missing"]) == 0
+
+
+def test_compare_new_run_named_by_path_is_never_its_own_baseline(storage, capsys):
+    new = storage / "Linux-CPython-3.11-64bit" / "0003_slow.json"
+    assert cli.main(["compare", "--storage", str(storage), "0", str(new), "--fail-on", "msgs_per_s:-10%"]) == 1
+    assert "(2 runs, commit" in capsys.readouterr().out
+
+
+def test_cli_output_errors_are_one_line(storage, tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert cli.main(["report", "--storage", str(storage), "-o", str(blocker / "out.md")]) == 2
+    assert "pyconcbench: error: cannot write" in capsys.readouterr().err
+    assert cli.main(["compare", "--storage", str(storage), "0001", "0002", "--markdown", str(blocker / "x.md")]) == 0
+    assert "cannot write --markdown" in capsys.readouterr().err
 
 
 def test_compare_errors(storage, tmp_path, capsys):

@@ -68,6 +68,9 @@ def parser() -> argparse.ArgumentParser:
                         "samples. Default: %(default)s")
     c.add_argument("--markdown", metavar="FILE",
                    help="also append the Markdown summary to FILE (e.g. \"$GITHUB_STEP_SUMMARY\")")
+    c.add_argument("--allow-missing", action="store_true",
+                   help="pass even when benchmarks of the baseline are missing from NEW (by default that "
+                        "fails: a benchmark that errored is not saved)")
     c.add_argument("--allow-machine-change", action="store_true",
                    help="compare even when CPU model, CPU count, kernel or Python differ between the runs")
     return p
@@ -80,10 +83,14 @@ def _fail(msg: str) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     runs = load_runs(args.runs, args.storage)
+    if args.by_python and len({r.python_label for r in runs}) < 2:
+        print(f"pyconcbench: --by-python: the runs are all of Python {runs[0].python_label}: "
+              "printing the plain report", file=sys.stderr)
+        args.by_python = False
     if args.by_python:
-        if len(runs) < 2:
-            return _fail("--by-python needs the runs of at least two Python versions (name them as RUN ...)")
         head, secs, notes = report.by_python(runs)
+        if args.png:
+            print("pyconcbench: --by-python draws no plots (they are per run): --png ignored", file=sys.stderr)
         title = "pyconcbench by Python version"
         head = head + [f"- note: {n}" for n in notes]
         images: list = []
@@ -140,7 +147,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if len(args.runs) < 2:
         return _fail("compare needs a baseline and a new run: pyconcbench compare BASE [BASE ...] NEW")
     new = _one(args.runs[-1], args.storage)
-    bases = [r for r in load_runs(args.runs[:-1], args.storage) if r.path != new.path]
+    seen = {Path(new.path).resolve()}
+    bases = []
+    for run in load_runs(args.runs[:-1], args.storage):
+        where = Path(run.path).resolve()
+        if where not in seen:  # never the new run itself, nor one run twice
+            seen.add(where)
+            bases.append(run)
     if not bases:
         return _fail(f"the baseline {' '.join(args.runs[:-1])} names only the new run itself")
     diffs: List[str] = []
@@ -160,12 +173,22 @@ def cmd_compare(args: argparse.Namespace) -> int:
     text = gate.markdown(result, context=context)
     sys.stdout.write(text + "\n")
     if args.markdown:
-        with open(args.markdown, "a", encoding="utf8") as fh:
-            fh.write(text + "\n")
+        try:
+            with open(args.markdown, "a", encoding="utf8") as fh:
+                fh.write(text + "\n")
+        except OSError as exc:
+            print(f"pyconcbench: cannot write --markdown {args.markdown}: {exc.strerror or exc}", file=sys.stderr)
     for ch in result.regressions:
         print(f"REGRESSION {ch.line()}", file=sys.stderr)
     if not result.changes:
-        print("pyconcbench: nothing to gate: no benchmark in NEW has a gated metric", file=sys.stderr)
+        return _fail(f"nothing to gate: no benchmark in {new.name} has a metric of --fail-on {expr!r}")
+    if result.missing and not args.allow_missing:
+        # pytest-benchmark leaves a benchmark that raised out of the saved run: a server that
+        # crashes must not pass the gate by disappearing
+        print(f"MISSING {len(result.missing)} benchmark(s) of the baseline are not in {new.name} (failed, "
+              f"skipped or removed; --allow-missing accepts that): " + ", ".join(result.missing[:5])
+              + (" …" if len(result.missing) > 5 else ""), file=sys.stderr)
+        return 1
     return 1 if result.regressions else 0
 
 
@@ -175,8 +198,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.command == "report":
             return cmd_report(args)
         return cmd_compare(args)
-    except ResultsError as exc:
+    except (ResultsError, gate.GateSpecError) as exc:
         return _fail(str(exc))
+    except OSError as exc:
+        # an output path that cannot be written (--png into a file, a read-only --html, ...)
+        where = f" {exc.filename}" if getattr(exc, "filename", None) else ""
+        return _fail(f"cannot write{where}: {exc.strerror or exc}")
     except BrokenPipeError:
         # `pyconcbench report | head`: stop quietly
         try:

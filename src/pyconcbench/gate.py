@@ -15,8 +15,8 @@ benchmark the last matching scoped item wins over the unscoped ones, and a
 A change is a **regression** when the median of the new rounds is worse than the median of
 the baseline's rounds by more than the threshold **and** a one-sided Mann-Whitney U test over
 the two sets of per-round samples gives p <= alpha (default 0.05).  Beyond the threshold but
-not significant is reported as "within noise".  When the rounds are too few for the test ever
-to reach alpha (2 against 2 cannot), the threshold alone decides, and the line says so.
+not significant is reported as "within noise"; when the rounds are too few for the test ever
+to reach alpha (2 against 2 cannot), as "untested" (run more rounds).  Neither fails.
 """
 from __future__ import annotations
 
@@ -166,13 +166,20 @@ def samples(bench: Dict[str, Any], metric: Metric) -> Tuple[Optional[float], Lis
     Rounds the plugin kept although they were noisy (retries exhausted) are left out."""
     info = bench.get("extra_info") or {}
     if metric.name == "time":
+        # the clean rounds' own times (echo, ZeroMQ: seconds; switches: ns), else pytest-benchmark's
         st = bench.get("stats") or {}
-        data = [float(v) for v in st.get("data") or []]
-        if not data:
-            rounds = info.get("rounds")
+        data: List[float] = []
+        for key, field_, scale in (("rounds", "elapsed", 1.0), ("samples", "elapsed_ns", 1e-9)):
+            rounds = info.get(key)
             if isinstance(rounds, list):
-                data = [float(r["elapsed"]) for r in rounds if isinstance(r, dict) and r.get("elapsed")]
+                data = [float(r[field_]) * scale for r in rounds
+                        if isinstance(r, dict) and isinstance(r.get(field_), (int, float)) and not r.get("noisy")]
+                break
+        else:
+            data = [float(v) for v in st.get("data") or []]
         median = st.get("median")
+        if median is None and data:
+            median = statistics.median(data)
         return (float(median) if median is not None else None), data
     for key, list_key, round_key in metric.sources:
         value = info.get(key)
@@ -201,7 +208,7 @@ class Change:
     p_value: Optional[float] = None
     n_base: int = 0
     n_new: int = 0
-    status: str = ""  # regression, within noise, noisy, improved, unchanged, not gated, no baseline, no data
+    status: str = ""  # see STATUS_ORDER; "no data" when the benchmark does not have the metric
     note: str = ""
 
     @property
@@ -282,12 +289,12 @@ def compare_one(base: Bases, new: Dict[str, Any], metric_name: str,
     ch.n_base = len(base_samples)
     ch.base = statistics.median(base_samples) if base_samples else statistics.median(run_medians)
     if not ch.base:
-        ch.status = "no data"
-        ch.note = "baseline value is 0"
+        ch.status = "no baseline"
+        ch.note = "the baseline's value is 0"
         return ch
     ch.change = ch.new / ch.base - 1.0
     worse = -ch.change if metric.higher_is_better else ch.change  # > 0: worse
-    testable = (ch.n_base >= 1 and ch.n_new >= 1 and stats.min_p_value(ch.n_base, ch.n_new) <= alpha)
+    testable = ch.n_base >= 1 and ch.n_new >= 1 and stats.min_p_value(ch.n_base, ch.n_new) <= alpha
     p_better = 1.0
     if testable:
         if metric.higher_is_better:
@@ -306,9 +313,11 @@ def compare_one(base: Bases, new: Dict[str, Any], metric_name: str,
             ch.note = (f"inside the range of the {len(run_medians)} baseline runs' medians "
                        f"({fmt_value(min(run_medians), metric)} .. {fmt_value(max(run_medians), metric)})")
         elif not testable:
-            ch.status = "regression"
-            ch.note = (f"too few rounds for a significance test at alpha {alpha:g} "
-                       f"({ch.n_base} vs {ch.n_new}): the threshold alone decided")
+            # beyond the threshold, but no test over these rounds could be significant
+            ch.status = "untested"
+            ch.note = (f"{ch.n_base} vs {ch.n_new} rounds cannot reach p <= {alpha:g} "
+                       f"(the smallest possible is {stats.min_p_value(max(ch.n_base, 1), max(ch.n_new, 1)):.3g}): "
+                       "run more rounds (--pcb-rounds) to judge")
         elif ch.p_value is not None and ch.p_value <= alpha:
             ch.status = "regression"
         else:
@@ -393,7 +402,8 @@ def fact_differences(base_machine: Dict[str, Any], new_machine: Dict[str, Any]) 
 
 # ---- the summary ------------------------------------------------------------------------
 
-STATUS_ORDER = ("regression", "noisy", "within noise", "improved", "unchanged", "not gated", "no baseline")
+STATUS_ORDER = ("regression", "untested", "noisy", "within noise", "improved", "unchanged", "not gated",
+                "no baseline")
 
 
 def markdown(result: GateResult, title: str = "pyconcbench regression gate",

@@ -805,9 +805,6 @@ class GatePlugin:
         self.problem = ""
         self.facts_note = ""
         source = settings.sources.get("fail-on", "--pcb-fail-on")
-        if config.getoption("benchmark_disable", False):
-            raise pytest.UsageError(f"{source}: the gate compares measured rounds; it cannot work with "
-                                    "--benchmark-disable")
         if not config.getoption("benchmark_compare", None):
             raise pytest.UsageError(f"{source}: the gate needs a baseline: add --benchmark-compare (the "
                                     "newest saved run) or --benchmark-compare=NUM")
@@ -819,6 +816,11 @@ class GatePlugin:
         pytest_configure has run by now)."""
         settings = self.settings
         bs = getattr(self.config, "_benchmarksession", None)
+        if bs is not None and (getattr(bs, "disabled", False) or getattr(bs, "skip", False)):
+            # --benchmark-disable or --benchmark-skip, or pytest-xdist (which disables benchmarks)
+            raise pytest.UsageError(f"{self.source}: the gate compares measured rounds, but benchmarks are "
+                                    "disabled or skipped in this run (--benchmark-disable, "
+                                    "--benchmark-skip, or pytest-xdist's -n)")
         mapping = getattr(bs, "compared_mapping", None) or {}
         if not mapping:
             where = getattr(bs, "storage", None) or "the benchmark storage"
@@ -834,10 +836,17 @@ class GatePlugin:
         self.baseline_name = names[0] if len(names) == 1 else f"{len(names)} runs ({names[0]} .. {names[-1]})"
         here = {"pyconcbench": machine.machine_facts()}
         for path in mapping:
-            try:
-                data = json.loads((Path(str(bs.storage)) / path).read_text(encoding="utf8"))
-            except (OSError, ValueError):
-                data = {}
+            data = None
+            for candidate in (Path(str(path)), Path(str(getattr(bs, "storage", ""))) / path):
+                try:
+                    data = json.loads(candidate.read_text(encoding="utf8"))
+                    break
+                except (OSError, ValueError):
+                    continue
+            if data is None:
+                self.facts_note = (f"the machine facts of the baseline {path} could not be read: "
+                                   "not checked against this machine")
+                continue
             diffs = gate.fact_differences(data.get("machine_info", {}), here)
             if diffs and not settings.allow_machine_change:
                 raise pytest.UsageError(
