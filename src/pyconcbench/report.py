@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from pyconcbench import stats
+from pyconcbench.micro.summary import fmt_ns
 from pyconcbench.results import Families, Run, merged_benchmarks, split
 from pyconcbench.summary import BASELINE, size_label
 
@@ -82,16 +83,6 @@ def fmt_pct(v: Optional[float]) -> str:
     return "-" if v is None else f"{v * 100:.0f}%"
 
 
-def fmt_ns(ns: Optional[float]) -> str:
-    if ns is None:
-        return "-"
-    if abs(ns) < 10:
-        return f"{ns:.2f}"
-    if abs(ns) < 1000:
-        return f"{ns:.1f}"
-    return f"{ns:,.0f}"
-
-
 def transport_label(transport: str) -> str:
     return {"tcp": "TCP", "unix": "UNIX sockets"}.get(transport, transport)
 
@@ -106,16 +97,20 @@ def label_of(info: Dict[str, Any]) -> str:
     return info.get("label") or info.get("impl") or "?"
 
 
+def spread(info: Dict[str, Any], key: str) -> str:
+    """' ± 2.1%': the 95 % interval's half-width of the mean of the rounds' ``key``, relative."""
+    per_round = [r[key] for r in info.get("rounds") or [] if isinstance(r, dict) and r.get(key)]
+    half = stats.ci95_halfwidth(per_round)
+    mean = statistics.mean(per_round) if per_round else None
+    return f" ± {half / mean * 100:.1f}%" if half is not None and mean else ""
+
+
 def rate_cell(info: Dict[str, Any]) -> str:
     rate = info.get("msgs_per_s")
     if rate is None:
         return "-"
-    per_round = [r["msgs_per_s"] for r in info.get("rounds") or [] if r.get("msgs_per_s")]
-    half = stats.ci95_halfwidth(per_round)
-    mean = statistics.mean(per_round) if per_round else None
-    spread = f" ± {half / mean * 100:.1f}%" if half is not None and mean else ""
     kept = info.get("noisy_rounds_kept")
-    return (("≥" if info.get("loadgen_bound") else "") + f"{rate:,.0f}" + spread
+    return (("≥" if info.get("loadgen_bound") else "") + f"{rate:,.0f}" + spread(info, "msgs_per_s")
             + (f" ({kept} noisy)" if kept else ""))
 
 
@@ -309,11 +304,7 @@ def zmq_section(zmq: Sequence[Dict[str, Any]]) -> Optional[Section]:
         fastest = infos[0].get("requests_per_s") or 0
         rows = []
         for i in infos:
-            per_round = [r["requests_per_s"] for r in i.get("rounds") or [] if r.get("requests_per_s")]
-            half = stats.ci95_halfwidth(per_round)
-            mean = statistics.mean(per_round) if per_round else None
-            spread = f" ± {half / mean * 100:.1f}%" if half is not None and mean else ""
-            rows.append([i.get("mode", "?"), f"{i['requests_per_s']:,.0f}{spread}",
+            rows.append([i.get("mode", "?"), f"{i['requests_per_s']:,.0f}{spread(i, 'requests_per_s')}",
                          fmt_f(i["requests_per_s"] / fastest, ".2f") if fastest else "-",
                          fmt_f(i.get("latency_p50_us"), ",.1f"), fmt_f(i.get("latency_p99_us"), ",.1f"),
                          fmt_f(i.get("cpu_us_per_req"), ".2f")])
