@@ -3,8 +3,9 @@ saved as a baseline, run again on unchanged code (no regression), then with the 
 slowdown knob (servers.SLOWDOWN_ENV: CPU busy-wait per received chunk) and caught.
 
 The threshold here is wider than a CI gate would use (-25 %), so a noisy shared machine does
-not make this test flaky; tools/gate_trials.py measures the false-alarm rate and the smallest
-slowdown caught at the usual -10 %."""
+not make this test flaky, and 7 rounds leave enough clean ones when the host has a slow spell
+(noisy rounds are retried, and left out by the gate); tools/gate_trials.py measures the
+false-alarm rate and the smallest slowdown caught at the usual -10 %."""
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ import pytest
 from pyconcbench import servers
 
 ECHO_TEST = (Path(__file__).parent / "bench" / "test_echo.py").read_text()
-CASE = ["--pcb-impl", "asyncio_protocol", "--pcb-conns", "10", "--pcb-messages", "10000", "--pcb-rounds", "5",
+CASE = ["--pcb-impl", "asyncio_protocol", "--pcb-conns", "10", "--pcb-messages", "10000", "--pcb-rounds", "7",
         "-p", "no:cacheprovider"]
 
 
@@ -44,7 +45,7 @@ def test_gate_passes_unchanged_code_and_catches_a_slowed_server(run):
     assert slow.ret == 1
     slow.stdout.fnmatch_lines([
         "pyconcbench gate: test_echo?asyncio_protocol-c10-64B?: msgs_per_s regressed * msgs/s -> * msgs/s "
-        "(-*%, threshold -25%), one-sided Mann-Whitney U p=0.00397 over 5 vs 5 rounds",
+        "(-*%, threshold -25%), one-sided Mann-Whitney U p=* over * vs * rounds",
         "FAILED test_echo.py::test_echo?asyncio_protocol-c10-64B? - pyconcbench gate: *",
     ])
 
