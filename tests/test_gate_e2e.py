@@ -51,7 +51,7 @@ def test_gate_passes_unchanged_code_and_catches_a_slowed_server(run):
 
 
 def test_the_knob_is_refused_by_servers_that_do_not_implement_it(run):
-    res = run("--pcb-impl", "selectors", "--benchmark-disable", slowdown_ns=1000)
+    res = run("--pcb-impl", "selectors", "--benchmark-disable", "-rs", slowdown_ns=1000)
     res.assert_outcomes(skipped=1)
     res.stdout.fnmatch_lines(["*PCB_TEST_SLOWDOWN_NS (test-only) is set, but only asyncio_protocol, uvloop_protocol "
                               "implement it, not selectors*"])
