@@ -5,6 +5,7 @@ Environment:
                   see README "Debug build").
   PCB_CFLAGS=...  extra compiler flags, appended last (so they override the defaults).
 """
+import glob
 import os
 import shlex
 import shutil
@@ -61,6 +62,7 @@ setup(
         Extension(
             "pyconcbench._native",
             sources=SOURCES,
+            depends=sorted(glob.glob("native/*.h")),
             include_dirs=["native"],
             extra_compile_args=compile_args,
             extra_link_args=link_args + ["-lpthread"],
