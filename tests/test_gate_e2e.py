@@ -41,6 +41,9 @@ def test_gate_passes_unchanged_code_and_catches_a_slowed_server(run):
 
     # 50 us of CPU per message on a server that costs ~30 us per round trip: about 2.5x slower
     slow = run("--benchmark-compare", "--pcb-fail-on", "msgs_per_s:-25%", slowdown_ns=50000)
+    if "       NOISY  " in slow.stdout.str():
+        # too few clean rounds on one side: the gate rightly refuses to judge (see test_gate.py)
+        pytest.skip("the machine was too noisy during the runs for the gate to judge")
     slow.assert_outcomes(failed=1)
     assert slow.ret == 1
     slow.stdout.fnmatch_lines([

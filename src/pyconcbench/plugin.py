@@ -901,7 +901,7 @@ class GatePlugin:
         if self.facts_note:
             tr.write_line(self.facts_note)
         for c in res.changes:
-            if c.status in ("regression", "within noise", "improved"):
+            if c.status in ("regression", "within noise", "improved", "noisy", "untested"):
                 tr.write_line(f"{c.status.upper():>12}  {c.test} {c.metric} {gate.fmt_change(c.change)} "
                               f"(p={'-' if c.p_value is None else format(c.p_value, '.3g')})")
         if self.settings.gate_markdown:
