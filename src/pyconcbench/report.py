@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import html
 import math
+import re
 import statistics
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
@@ -328,7 +329,7 @@ def header_lines(runs: Sequence[Run]) -> List[str]:
         libs = f.get("libraries") or {}
         settings = f.get("settings") or {}
         fd = f.get("fd_limit") or {}
-        out.append(f"- **{run.name}** — {run.data.get('datetime', '?')}, commit {run.commit}, "
+        out.append(f"- **{run.label}** — {run.data.get('datetime', '?')}, commit {run.commit}, "
                    f"{len(run.benchmarks)} benchmarks")
         out.append(f"  - machine: {f.get('cpu_model') or m.get('cpu', {}).get('brand_raw', '?')}, "
                    f"{f.get('cpus_online', '?')} CPUs online, Linux {f.get('kernel') or m.get('release', '?')}, "
@@ -418,7 +419,7 @@ def by_python(runs: Sequence[Run]) -> Tuple[List[str], List[Section], List[str]]
 
     def cross(title: str, note: str, rows_of: Callable[[Families], Dict[str, str]], row_head: str) -> Optional[Table]:
         cells = {v: rows_of(fams[v]) for v in order}
-        keys = sorted({k for c in cells.values() for k in c})
+        keys = sorted({k for c in cells.values() for k in c}, key=natural_key)
         if not keys:
             return None
         rows = [[k] + [cells[v].get(k, "") for v in order] for k in keys]
@@ -446,13 +447,26 @@ def by_python(runs: Sequence[Run]) -> Tuple[List[str], List[Section], List[str]]
                lambda f: {b["extra_info"].get("micro", "?"): fmt_ns(b["extra_info"].get("ns_per_op")) for b in f.switch},
                "case")
     if sw is not None:
-        secs.append(Section("Context switches by Python version", [sw]))
+        from pyconcbench.micro.summary import depth_fits
+
+        sec = Section("Context switches by Python version", [sw])
+        slopes = cross("Depth sweep: ns per extra level of delegation", "least-squares slope of ns/op against depth",
+                       lambda f: {kind: f"{fit[0]:.1f}" for kind, fit in
+                                  depth_fits([b["extra_info"] for b in f.switch]).items()}, "chain")
+        if slopes is not None:
+            sec.tables.append(slopes)
+        secs.append(sec)
     zq = cross("ZeroMQ requests/s", "requests per second over all rounds",
                lambda f: {(b.get("name") or "?").replace("test_zmq", "").strip("[]"): fmt_int(b["extra_info"].get("requests_per_s"))
                           for b in f.zmq}, "case")
     if zq is not None:
         secs.append(Section("ZeroMQ by Python version", [zq]))
     return head, secs, notes
+
+
+def natural_key(text: str) -> Tuple:
+    """'await-d2' before 'await-d16': digit runs compare as numbers."""
+    return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text))
 
 
 def _version_key(label: str) -> Tuple:

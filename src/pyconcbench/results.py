@@ -56,6 +56,12 @@ class Run:
         return Path(self.path).name
 
     @property
+    def label(self) -> str:
+        """'Linux-CPython-3.11-64bit/0003_x.json': the name with its machine-id folder."""
+        p = Path(self.path)
+        return f"{p.parent.name}/{p.name}" if p.parent.name else p.name
+
+    @property
     def commit(self) -> str:
         info = self.data.get("commit_info", {})
         cid = info.get("id") or ""
