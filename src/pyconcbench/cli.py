@@ -93,13 +93,12 @@ def cmd_report(args: argparse.Namespace) -> int:
             print("pyconcbench: --by-python draws no plots (they are per run): --png ignored", file=sys.stderr)
         title = "pyconcbench by Python version"
         head = head + [f"- note: {n}" for n in notes]
-        images: list = []
         fams = None
     else:
-        head, secs = report.build(runs)
-        title = "pyconcbench report"
         fams = split(merged_benchmarks(runs))
-    images = []
+        head, secs = report.header_lines(runs), report.sections(fams)
+        title = "pyconcbench report"
+    images: list = []
     if (args.png or args.html) and fams is not None:
         from pyconcbench import plots
 

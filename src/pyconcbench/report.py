@@ -12,11 +12,11 @@ import math
 import re
 import statistics
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from pyconcbench import stats
 from pyconcbench.micro.summary import fmt_ns
-from pyconcbench.results import Families, Run, merged_benchmarks, split
+from pyconcbench.results import Families, Run, split
 from pyconcbench.summary import BASELINE, size_label
 
 SPREAD_NOTE = ("± is the half-width of the 95 % confidence interval (Student t) of the mean of the "
@@ -347,10 +347,6 @@ def sections(fams: Families) -> List[Section]:
     out = [s for s in (echo_section(fams.echo, fams.ceiling), switch_section(fams.switch),
                        zmq_section(fams.zmq)) if s is not None]
     return out
-
-
-def build(runs: Sequence[Run]) -> Tuple[List[str], List[Section]]:
-    return header_lines(runs), sections(split(merged_benchmarks(runs)))
 
 
 def to_markdown(head: List[str], secs: Sequence[Section], title: str = "pyconcbench report") -> str:
