@@ -49,7 +49,7 @@ def test_gate_passes_unchanged_code_and_catches_a_slowed_server(run):
     slow.stdout.fnmatch_lines([
         "pyconcbench gate: test_echo?asyncio_protocol-c10-64B?: msgs_per_s regressed * msgs/s -> * msgs/s "
         "(-*%, threshold -25%), one-sided Mann-Whitney U p=* over * vs * rounds",
-        "FAILED test_echo.py::test_echo?asyncio_protocol-c10-64B? - pyconcbench gate: *",
+        "FAILED test_echo.py::test_echo?asyncio_protocol-c10-64B?*",
     ])
 
 

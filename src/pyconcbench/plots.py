@@ -12,6 +12,7 @@ or more sizes, ...); ``plot_all`` says which it skipped and why.
 from __future__ import annotations
 
 import io
+import warnings
 from typing import Any, Dict, List, Sequence, Tuple
 
 from pyconcbench.results import Families
@@ -101,6 +102,14 @@ def _label(info: Dict[str, Any]) -> str:
 
 def plot_all(fams: Families) -> Tuple[List[Tuple[str, bytes]], List[str]]:
     """-> ([(file name, PNG bytes)], [what was skipped and why])."""
+    with warnings.catch_warnings():
+        # matplotlib releases that still support Python 3.9 call pyparsing's deprecated names
+        # (when it first lays out text): not the user's business.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return _plot_all(fams)
+
+
+def _plot_all(fams: Families) -> Tuple[List[Tuple[str, bytes]], List[str]]:
     plt = _pyplot()
     images: List[Tuple[str, bytes]] = []
     skipped: List[str] = []
