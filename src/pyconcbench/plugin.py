@@ -461,6 +461,34 @@ OTHER_CPU_NOISY_SHARE = 0.25
 MIN_TICKS_FOR_SPLIT = 20
 
 
+def noise_reason(speed: Optional[machine.SpeedGauge], speed_probes: Tuple[Any, ...],
+                 probe_baseline: Optional[float], probes: Tuple[Optional[float], ...],
+                 other_cpu: Optional[float], elapsed: float) -> str:
+    """Why a measured round (echo or ZeroMQ) is noisy, or '': a slow spell of either pinned CPU
+    in the speed probes around it, the cache-line round trip far above the quiet machine's, or
+    other processes busy during it."""
+    if speed is not None:
+        slow = speed.judge(*speed_probes)
+        if slow:
+            return slow
+    worst = max((p for p in probes if p is not None), default=None)
+    if probe_baseline and worst is not None:
+        limit = max(probe_baseline * PROBE_NOISY_FACTOR, probe_baseline + PROBE_NOISY_MARGIN_NS)
+        if worst > limit:
+            return f"cache-line probe {worst:.0f} ns > {limit:.0f} ns"
+    tick = 1.0 / machine.CLK_TCK
+    if other_cpu is not None and elapsed > 0 and other_cpu - 2 * tick > OTHER_CPU_NOISY_SHARE * elapsed:
+        return f"other processes used {other_cpu / elapsed:.0%} of a CPU"
+    return ""
+
+
+def retry_pause(attempt: int) -> None:
+    """Before measuring a noisy round again: a slow spell of the host lasts seconds, so wait a
+    little longer each time."""
+    if attempt:
+        time.sleep(min(2.0, 0.5 * attempt))
+
+
 @dataclass
 class RoundRecord:
     result: loadgen.LoadResult
@@ -517,30 +545,15 @@ class EchoRunner:
         return machine.cacheline_rtt(cpus[0], cpus[1]) if cpus else None
 
     def _judge(self, rec: RoundRecord, speed_probes: Tuple[Any, ...] = ()) -> str:
-        if self.speed is not None:
-            slow = self.speed.judge(*speed_probes)
-            if slow:
-                return slow
-        base = self.probe_baseline
-        if base:
-            limit = max(base * PROBE_NOISY_FACTOR, base + PROBE_NOISY_MARGIN_NS)
-            worst = max(p for p in (rec.probe_before, rec.probe_after) if p is not None)
-            if worst > limit:
-                return f"cache-line probe {worst:.0f} ns > {limit:.0f} ns"
-        elapsed = rec.result.elapsed
-        tick = 1.0 / machine.CLK_TCK
-        if elapsed > 0 and rec.other_cpu - 2 * tick > OTHER_CPU_NOISY_SHARE * elapsed:
-            return f"other processes used {rec.other_cpu / elapsed:.0%} of a CPU"
-        return ""
+        return noise_reason(self.speed, speed_probes, self.probe_baseline, (rec.probe_before, rec.probe_after),
+                            rec.other_cpu, rec.result.elapsed)
 
     def one_round(self, session: loadgen.LoadSession) -> None:
         """The function pytest-benchmark times: measures until a round is clean (at most
         noise_retries extra tries); only the accepted phase's wall time counts."""
         entered = time.perf_counter()
         for attempt in range(self.settings.noise_retries + 1):
-            if attempt:
-                # a slow spell of the host lasts seconds: wait a little longer each time
-                time.sleep(min(2.0, 0.5 * attempt))
+            retry_pause(attempt)
             speed_before = self.speed.probe() if self.speed is not None else None
             probe_before = self._probe()
             self.server.check_alive()

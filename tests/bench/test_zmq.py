@@ -25,8 +25,7 @@ import pytest
 
 from pyconcbench import machine
 from pyconcbench import zmq as pcbzmq
-from pyconcbench.plugin import (OTHER_CPU_NOISY_SHARE, PROBE_NOISY_FACTOR, PROBE_NOISY_MARGIN_NS, PROFILES,
-                                ROUND_CLOCK, SETTINGS_KEY)
+from pyconcbench.plugin import PROFILES, ROUND_CLOCK, SETTINGS_KEY, noise_reason, retry_pause
 
 #: Unmeasured requests before the first round, at most.
 WARMUP = 500
@@ -55,21 +54,6 @@ def pytest_generate_tests(metafunc):
     ])
 
 
-def noisy(result, probes, baseline):
-    """Why a round is noisy, or '': the CPUs' cache-line round trip far above the quiet
-    machine's ``baseline`` before or after it, or other processes busy during it."""
-    if baseline and probes:
-        limit = max(baseline * PROBE_NOISY_FACTOR, baseline + PROBE_NOISY_MARGIN_NS)
-        worst = max(probes)
-        if worst > limit:
-            return "cache-line probe %.0f ns > %.0f ns" % (worst, limit)
-    if result.other_cpu is not None:
-        tick = 1.0 / machine.CLK_TCK
-        if result.other_cpu - 2 * tick > OTHER_CPU_NOISY_SHARE * result.elapsed:
-            return "other processes used %.0f%% of a CPU" % (100 * result.other_cpu / result.elapsed)
-    return ""
-
-
 def test_zmq(zmq_case, benchmark, pcb_settings, pcb_probe_baseline, pcb_speed_gauge):
     requests = pcb_settings.messages or zmq_case.requests
     rounds = pcb_settings.rounds or PROFILES[pcb_settings.profile]().rounds
@@ -86,8 +70,7 @@ def test_zmq(zmq_case, benchmark, pcb_settings, pcb_probe_baseline, pcb_speed_ga
     def one_round():
         entered = time.perf_counter()
         for attempt in range(retries + 1):
-            if attempt:
-                time.sleep(min(2.0, 0.5 * attempt))  # slow spells of the host last seconds
+            retry_pause(attempt)
             speed_before = pcb_speed_gauge.probe() if pcb_speed_gauge else None
             before = probe()
             started = time.perf_counter()
@@ -95,9 +78,8 @@ def test_zmq(zmq_case, benchmark, pcb_settings, pcb_probe_baseline, pcb_speed_ga
             finished = time.perf_counter()
             after = probe()
             speed_after = pcb_speed_gauge.probe() if pcb_speed_gauge else None
-            probes = [p for p in (before, after) if p is not None]
-            note = ((pcb_speed_gauge.judge(speed_before, speed_after) if pcb_speed_gauge else "")
-                    or noisy(result, probes, pcb_probe_baseline))
+            note = noise_reason(pcb_speed_gauge, (speed_before, speed_after), pcb_probe_baseline, (before, after),
+                                result.other_cpu, result.elapsed)
             record = {"probe_before_ns": _ns(before), "probe_after_ns": _ns(after), "noisy": note or None,
                       "attempt": attempt}
             if not note or attempt == retries:
