@@ -28,6 +28,8 @@ USAGE = {
     "impl": "selectors", "user": 0.5, "system": 0.25, "maxrss_kib": 10240, "accepted": 3,
     "bytes": 4096, "errors": 0, "signal": "SIGTERM",
 }
+# The fake servers below announce port 9 and serve nothing: they run with malloc="pristine",
+# which makes no pre-flight connections.
 READY = {
     "impl": "fake", "transport": "tcp", "host": "127.0.0.1", "port": 9, "path": None,
     "pid": 0, "cpu": [0], "python": "3",
@@ -141,7 +143,7 @@ def test_server_ignoring_sigterm_is_killed_and_said_so(fake_python):
         print("READY " + json.dumps(dict(%s, pid=os.getpid())), flush=True)
         time.sleep(30)
     """ % (READY,))
-    server = ServerProcess("fake", python=script, cpu=None, stop_timeout=0.5).start()
+    server = ServerProcess("fake", python=script, cpu=None, malloc="pristine", stop_timeout=0.5).start()
     with pytest.raises(ServerError, match=r"ignored SIGTERM for 0.5 s and was killed \(SIGKILL\)"):
         server.stop()
     assert gone(server.pid)
@@ -157,7 +159,7 @@ def test_stop_parses_the_last_json_line(fake_python):
         signal.sigwait([signal.SIGTERM])
         print(json.dumps(%s))
     """ % (READY, USAGE))
-    server = ServerProcess("fake", python=script, cpu=None)
+    server = ServerProcess("fake", python=script, cpu=None, malloc="pristine")
     with server:
         assert server.address == ("127.0.0.1", 9)
         assert server.ready["pid"] == server.pid
@@ -230,7 +232,7 @@ def test_extra_env_reaches_the_server(fake_python):
         print("READY " + json.dumps(ready), flush=True)
         signal.sigwait([signal.SIGTERM])
     """ % (READY,))
-    server = ServerProcess("fake", python=script, cpu=None, env={"PCB_TEST_VALUE": "seen"})
+    server = ServerProcess("fake", python=script, cpu=None, malloc="pristine", env={"PCB_TEST_VALUE": "seen"})
     try:
         assert server.start().ready["impl"] == "seen"
     finally:

@@ -46,6 +46,8 @@ def test_help_lists_every_option(pytester):
     (["--pcb-messages", "10", "--pcb-duration", "1"], {}, "*exclude each other*"),
     (["--pcb-conns", "100000"], {}, "--pcb-conns: 100000 connections do not fit: one process holds at most * sockets here*"),
     (["--pcb-transport", "udp"], {}, "--pcb-transport: 'udp' is not a transport (tcp, unix)"),
+    (["--pcb-malloc", "default"], {}, "--pcb-malloc: 'default' is gone: the default state is now 'representative'*"),
+    (["--pcb-reference", "some"], {}, "--pcb-reference: 'some' is not one of auto, all, none"),
 ])
 def test_bad_settings_are_usage_errors(suite, monkeypatch, args, env, message):
     for key, value in env.items():
@@ -64,10 +66,29 @@ def test_ids_and_profile_matrix(suite):
     result = suite.runpytest_subprocess("--collect-only", "-q", "--pcb-impl", "native_epoll,selectors")
     assert collected_ids(result) == [
         "test_echo[native_epoll-c10-64B]", "test_echo[selectors-c10-64B]",
-        "test_echo[native_epoll-c100-64B]", "test_echo[selectors-c100-64B]",
+        # the plain reference server right after its counterpart, at 100 connections over TCP
+        "test_echo[native_epoll-c100-64B]", "test_echo[selectors-c100-64B]", "test_echo[plain_selectors-c100-64B]",
         "test_echo[native_epoll-c1000-64B]", "test_echo[selectors-c1000-64B]",
         "test_echo[native_epoll-c100-64B-unix]", "test_echo[selectors-c100-64B-unix]",
     ]
+
+
+def test_allocator_variants_and_references_in_the_matrix(suite):
+    """The profile's pristine variant of asyncio_protocol and both states of its plain server run
+    right after it; --pcb-reference none and an explicit --pcb-malloc leave them out."""
+    result = suite.runpytest_subprocess("--collect-only", "-q", "--pcb-impl", "asyncio_protocol",
+                                        "--pcb-conns", "100")
+    assert collected_ids(result) == [
+        "test_echo[asyncio_protocol-c100-64B]", "test_echo[asyncio_protocol-c100-64B-malloc_pristine]",
+        "test_echo[plain_asyncio_protocol-c100-64B]", "test_echo[plain_asyncio_protocol-c100-64B-malloc_pristine]",
+    ]
+    result = suite.runpytest_subprocess("--collect-only", "-q", "--pcb-impl", "asyncio_protocol",
+                                        "--pcb-conns", "100", "--pcb-reference", "none", "--pcb-malloc", "tuned")
+    assert collected_ids(result) == ["test_echo[asyncio_protocol-c100-64B-malloc_tuned]"]
+    result = suite.runpytest_subprocess("--collect-only", "-q", "--pcb-impl", "selectors,native_epoll",
+                                        "--pcb-conns", "10", "--pcb-reference", "all")
+    assert collected_ids(result) == [
+        "test_echo[selectors-c10-64B]", "test_echo[plain_selectors-c10-64B]", "test_echo[native_epoll-c10-64B]"]
 
 
 def test_dimensions_not_given_are_64B_over_tcp(suite):

@@ -2,7 +2,7 @@
 loop with fake probes and a fake load, the summary figures, the printed table."""
 import pytest
 
-from pyconcbench import loadgen, machine, plugin, summary
+from pyconcbench import harness, loadgen, machine, plugin, summary
 from pyconcbench.plugin import EchoCase, EchoOutcome, EchoRunner, RoundRecord, Settings
 
 
@@ -73,20 +73,30 @@ def test_case_ids_and_groups():
     case = EchoCase("asyncio_protocol", 100, 64, "tcp")
     assert case.id == "asyncio_protocol-c100-64B" and case.group == "echo-c100-64B"
     assert EchoCase("selectors", 10, 1024, "unix").id == "selectors-c10-1KiB-unix"
+    assert case.malloc == "representative" and case.counterpart is None
     tuned = EchoCase("asyncio_protocol", 100, 64, "tcp", "tuned")
     assert tuned.id == "asyncio_protocol-c100-64B-malloc_tuned"
-    assert tuned.group == case.group  # compared side by side with the default allocator
+    assert tuned.group == case.group  # compared side by side with the representative state
     assert tuned.label == "asyncio_protocol+tuned_malloc"
+    assert tuned.counterpart == case
+    ref = EchoCase("asyncio_protocol", 100, 64, "tcp", plain=True)
+    assert ref.id == "plain_asyncio_protocol-c100-64B" and ref.group == case.group
+    assert ref.label == "asyncio_protocol+plain" and ref.counterpart == case
+    pristine_ref = EchoCase("asyncio_protocol", 100, 64, "tcp", "pristine", plain=True)
+    assert pristine_ref.id == "plain_asyncio_protocol-c100-64B-malloc_pristine"
+    assert pristine_ref.label == "asyncio_protocol+plain+pristine_malloc"
 
 
 def test_parse_mallocs_and_bool():
-    assert plugin.parse_mallocs("default,tuned") == ("default", "tuned")
-    with pytest.raises(ValueError, match="not an allocator setting"):
+    assert plugin.parse_mallocs("representative,tuned") == ("representative", "tuned")
+    with pytest.raises(ValueError, match="not an allocator state"):
         plugin.parse_mallocs("jemalloc")
+    with pytest.raises(ValueError, match="'default' is gone: .* the old default is 'pristine'"):
+        plugin.parse_mallocs("default")
     assert plugin.parse_bool("yes") and plugin.parse_bool("1") and not plugin.parse_bool("no")
     with pytest.raises(ValueError):
         plugin.parse_bool("maybe")
-    assert plugin.MALLOC_ENV["tuned"]["MALLOC_MMAP_THRESHOLD_"] == "1048576"
+    assert harness.MALLOC_TUNED_ENV["MALLOC_MMAP_THRESHOLD_"] == "1048576"
 
 
 # ---- the measured round, with fakes ------------------------------------------------------
@@ -104,6 +114,7 @@ def result(completed=1000, elapsed=0.1, lg_cpu=0.05, p50=50_000, counts=(500, 50
 class FakeServer:
     pid = measured_pid = 4242
     address = ("127.0.0.1", 9)
+    ready = {"malloc_probe": "mmap"}
 
     def check_alive(self):
         pass

@@ -8,24 +8,50 @@ started it, so start servers from a thread that lives as long as they should.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import os
 import selectors
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
 import weakref
 from dataclasses import dataclass
-from typing import List, Optional, Tuple, Union
+from typing import Callable, List, Optional, Tuple, Union
 
-from pyconcbench import servers
-from pyconcbench.serve import Unusable, implementation_hook, loopback_address
+from pyconcbench import plain, servers
+from pyconcbench.serve import (Unusable, implementation_hook, loopback_address,
+                               set_parent_death_signal)
 
 STDERR_TAIL_LINES = 20
 EXIT_UNUSABLE = 2  # pyconcbench.serve: cannot run as asked (unknown impl, missing dependency)
+
+#: The allocator states a server is measured in.
+#:
+#: glibc serves a malloc above its mmap threshold (128 KiB at start) with an mmap of its own,
+#: and raises the threshold to a block's size when such a block is freed.  An asyncio transport
+#: receives into a new 256 KiB bytes object per read and shrinks it to what arrived (an mremap,
+#: which never moves the threshold), so a process that has never freed a big block maps, remaps
+#: and unmaps on every read.  The first read that finds end-of-file frees its whole 256 KiB
+#: buffer, which moves the threshold for good: any server that has seen one client disconnect
+#: keeps those buffers on the heap (4x the round trips per second here).
+#:
+#: ``representative`` (default): before the measurement, ``PREFLIGHT_CONNECTIONS`` clients each
+#: connect, exchange one message and disconnect -- the history every real server has.
+#: ``pristine``: none; the server has never seen a connection close (what the suite measured
+#: before, and what a benchmark that starts a fresh server per run sees).
+#: ``tuned``: representative, with glibc's thresholds fixed by the environment
+#: (``MALLOC_TUNED_ENV``; this turns glibc's dynamic threshold off).
+MALLOC_STATES = ("representative", "pristine", "tuned")
+MALLOC_DEFAULT = "representative"
+MALLOC_TUNED_ENV = {"MALLOC_MMAP_THRESHOLD_": "1048576", "MALLOC_TRIM_THRESHOLD_": "8388608"}
+PREFLIGHT_CONNECTIONS = 3
+PREFLIGHT_MESSAGE = b"pyconcbench preflight".ljust(64, b".")
+PREFLIGHT_TIMEOUT = 10.0
 
 
 class ServerError(RuntimeError):
@@ -159,7 +185,10 @@ def _reap(proc: subprocess.Popen, stderr, tmpdir: Optional[str]) -> None:
 class ServerProcess:
     """One ``python -m pyconcbench.serve IMPL`` child process.
 
-    ``python`` is the interpreter to run it with (another venv, another Python version).
+    ``python`` is the interpreter to run it with (another venv, another Python version);
+    ``malloc`` the allocator state it is measured in (see ``MALLOC_STATES``): unless
+    ``pristine``, ``start()`` ends with the pre-flight connections, and the counts of the usage
+    report leave them out.
     """
 
     def __init__(
@@ -174,6 +203,7 @@ class ServerProcess:
         stop_timeout: float = 10.0,
         env: Optional[dict] = None,
         python: str = sys.executable,
+        malloc: str = MALLOC_DEFAULT,
     ) -> None:
         if transport not in ("tcp", "unix"):
             raise ValueError("transport must be 'tcp' or 'unix', not %r" % (transport,))
@@ -187,7 +217,10 @@ class ServerProcess:
                              % (cpu, cpus_available()))
         if ready_timeout <= 0 or stop_timeout <= 0:
             raise ValueError("ready_timeout and stop_timeout must be > 0")
+        if malloc not in MALLOC_STATES:
+            raise ValueError("malloc must be one of %s, not %r" % (", ".join(MALLOC_STATES), malloc))
         self.impl = impl
+        self.malloc = malloc
         self.transport = transport
         self.host = host
         self.unix_path = unix_path
@@ -195,6 +228,8 @@ class ServerProcess:
         self.ready_timeout = ready_timeout
         self.stop_timeout = stop_timeout
         self.env = dict(env or {})
+        if malloc == "tuned":
+            self.env.update(MALLOC_TUNED_ENV)
         self.python = python
         self.ready: Optional[dict] = None
         self._proc: Optional[subprocess.Popen] = None
@@ -206,6 +241,7 @@ class ServerProcess:
         self._usage: Optional[ServerUsage] = None
         self._stop_error: Optional[ServerError] = None
         self._stderr_text: Optional[str] = None
+        self.preflight_connections = 0  # made by preflight(), left out of the usage counts
 
     def __repr__(self) -> str:
         pid = self._proc.pid if self._proc is not None else None
@@ -235,6 +271,9 @@ class ServerProcess:
             self._tmpdir = tempfile.mkdtemp(prefix="pcb-")
             self.unix_path = os.path.join(self._tmpdir, "echo.sock")
         env = dict(os.environ)
+        if self.malloc != "tuned":
+            for name in MALLOC_TUNED_ENV:  # the state is --malloc's, not the caller's environment's
+                env.pop(name, None)
         env.update(self.env)
         env["PCB_PARENT_PID"] = str(os.getpid())
         env["PYTHONUNBUFFERED"] = "1"
@@ -242,7 +281,7 @@ class ServerProcess:
         try:
             self._proc = subprocess.Popen(
                 self.argv(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                stderr=self._stderr, env=env,
+                stderr=self._stderr, env=env, **self._popen_options(),
             )
         except OSError as exc:
             self._stderr.close()
@@ -252,6 +291,8 @@ class ServerProcess:
         self._finalizer = weakref.finalize(self, _reap, self._proc, self._stderr, self._tmpdir)
         try:
             self.ready = self._wait_ready()
+            if self.malloc != "pristine":
+                self.preflight()
         except BaseException as exc:
             self._finalizer()
             self._stopped = True
@@ -259,6 +300,38 @@ class ServerProcess:
                 "server %r did not start: %r" % (self.impl, exc))
             raise
         return self
+
+    def _popen_options(self) -> dict:
+        return {}
+
+    def preflight(self, connections: int = PREFLIGHT_CONNECTIONS) -> None:
+        """``connections`` clients, one after the other, each connect, send one 64-byte message,
+        read its echo back and disconnect: the history of any server that has been in use (see
+        MALLOC_STATES).  Raises ServerError when the server does not echo within
+        PREFLIGHT_TIMEOUT."""
+        address = self.address
+        family = socket.AF_UNIX if self.transport == "unix" else (
+            socket.AF_INET6 if ":" in address[0] else socket.AF_INET)
+        deadline = time.monotonic() + PREFLIGHT_TIMEOUT
+        for _ in range(connections):
+            try:
+                with socket.socket(family, socket.SOCK_STREAM) as sock:
+                    sock.settimeout(max(0.1, deadline - time.monotonic()))
+                    sock.connect(address)
+                    sock.sendall(PREFLIGHT_MESSAGE)
+                    got = b""
+                    while len(got) < len(PREFLIGHT_MESSAGE):
+                        chunk = sock.recv(len(PREFLIGHT_MESSAGE) - len(got))
+                        if not chunk:
+                            break
+                        got += chunk
+            except OSError as exc:
+                raise ServerError(self._with_stderr("server %r failed the pre-flight connection: %s"
+                                                    % (self.impl, exc))) from None
+            if got != PREFLIGHT_MESSAGE:
+                raise ServerError(self._with_stderr("server %r echoed %r to the pre-flight message"
+                                                    % (self.impl, got[:80])))
+            self.preflight_connections += 1
 
     def _wait_ready(self) -> dict:
         deadline = time.monotonic() + self.ready_timeout
@@ -280,6 +353,9 @@ class ServerProcess:
                     self._raise_exited_before_ready()
                 self._stdout += chunk
         line, _, self._stdout = self._stdout.partition(b"\n")
+        return self._parse_ready(line)
+
+    def _parse_ready(self, line: bytes) -> dict:
         if not line.startswith(b"READY "):
             self._proc.kill()
             self._proc.wait()
@@ -353,7 +429,13 @@ class ServerProcess:
             raise ServerError(self._with_stderr("server %r exited with code %s" % (self.impl, code)))
         lines = self._stdout.decode("utf-8", "replace").strip().splitlines()
         try:
-            return ServerUsage.from_dict(json.loads(lines[-1]))
+            report = json.loads(lines[-1])
+            if self.preflight_connections and isinstance(report, dict):
+                for key, made in (("accepted", self.preflight_connections),
+                                  ("bytes", self.preflight_connections * len(PREFLIGHT_MESSAGE))):
+                    if isinstance(report.get(key), int) and not isinstance(report[key], bool):
+                        report[key] = max(0, report[key] - made)
+            return ServerUsage.from_dict(report)
         except (IndexError, ValueError, TypeError) as exc:
             raise ServerError(self._with_stderr(
                 "server %r gave no usable usage report (%s); stdout: %r"
@@ -459,3 +541,89 @@ class ServerProcess:
         if not tail:
             return message + " (stderr empty)"
         return message + "; stderr:\n" + "\n".join("    " + line for line in tail)
+
+
+def _pin_and_arm(cpu: Optional[int]) -> Callable[[], None]:
+    """A preexec_fn: pin the child (every thread it will start inherits it) and ask for
+    SIGTERM on the parent's death, before the plain server's own code runs."""
+
+    def preexec() -> None:
+        if cpu is not None:
+            os.sched_setaffinity(0, {cpu})
+        set_parent_death_signal(signal.SIGTERM)
+
+    return preexec
+
+
+class PlainServer(ServerProcess):
+    """A plain reference server (``pyconcbench.plain``): the script is run by path, so no
+    pyconcbench code is in its process.  It announces itself with ``serving on ADDRESS``, is
+    pinned and tied to this process before it runs (preexec), gets the same pre-flight
+    connections as any server (``malloc``), and is stopped with SIGTERM, whose default action
+    ends it.  It counts nothing: ``stop()`` returns None, and its CPU and memory are read from /proc while it runs.
+
+    ``impl`` is the implementation it is the counterpart of (``asyncio_protocol``)."""
+
+    def __init__(self, impl: str, **kwargs) -> None:
+        if impl not in plain.PLAIN:
+            raise ValueError("no plain reference server for %r; there are: %s"
+                             % (impl, ", ".join(plain.PLAIN)))
+        if kwargs.get("malloc") == "tuned":
+            raise ValueError("a plain server is measured representative or pristine, not tuned")
+        super().__init__(plain.PREFIX + impl, **kwargs)
+        self.counterpart = impl
+
+    def argv(self) -> List[str]:
+        argv = [self.python, plain.script_path(self.counterpart)]
+        if self.transport == "unix":
+            return argv + ["--unix", self.unix_path]
+        return argv + ["--host", self.host, "--port", "0"]
+
+    def start(self) -> "PlainServer":
+        for name in plain.PLAIN[self.counterpart].requires:
+            if importlib.util.find_spec(name) is None:
+                raise ServerUnavailable("plain %s server needs %s: pip install 'pyconcbench[%s]'"
+                                        % (self.counterpart, name, name))
+        super().start()
+        return self
+
+    def _popen_options(self) -> dict:
+        return {"preexec_fn": _pin_and_arm(self.cpu)}
+
+    def _parse_ready(self, line: bytes) -> dict:
+        text = line.decode("utf-8", "replace").strip()
+        if not text.startswith("serving on "):
+            self._proc.kill()
+            self._proc.wait()
+            raise ServerError(self._with_stderr(
+                "plain server %r printed %r instead of 'serving on ADDRESS'" % (self.impl, text[:200])))
+        where = text[len("serving on "):].strip()
+        ready = {"impl": self.impl, "transport": self.transport, "pid": self._proc.pid,
+                 "host": None, "port": None, "path": None}
+        if self.transport == "unix":
+            ready["path"] = where
+        else:
+            host, _, port = where.rpartition(":")
+            if not port.isdigit():
+                self._proc.kill()
+                self._proc.wait()
+                raise ServerError(self._with_stderr(
+                    "plain server %r announced an unreadable address: %r" % (self.impl, where)))
+            ready["host"], ready["port"] = host.strip("[]"), int(port)
+        return ready
+
+    def _stop(self) -> None:  # type: ignore[override]
+        if self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGTERM)
+        try:
+            self._proc.communicate(timeout=self.stop_timeout)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.communicate()
+            raise ServerError(self._with_stderr(
+                "plain server %r ignored SIGTERM for %g s and was killed (SIGKILL)"
+                % (self.impl, self.stop_timeout)))
+        code = self._proc.returncode
+        if code not in (0, -signal.SIGTERM):
+            raise ServerError(self._with_stderr("plain server %r exited with code %s" % (self.impl, code)))
+        return None

@@ -8,6 +8,7 @@ ini file (``pcb_*``), else the profile; a bad value names where it came from.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import os
@@ -20,7 +21,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import pytest
 
-from . import gate, harness, loadgen, machine, servers, syscalls
+from . import gate, harness, loadgen, machine, plain, servers, syscalls
 from .summary import echo_table, size_label, syscall_table
 
 # ---- settings ---------------------------------------------------------------------------
@@ -113,21 +114,27 @@ def parse_seconds(text: str) -> float:
     return value
 
 
-MALLOC_ENV = {
-    "default": {},
-    # glibc: keep the 256 KiB buffers an asyncio transport reads into on the heap instead of
-    # mapping, remapping and unmapping each one (mmap/mremap/munmap per message).
-    "tuned": {"MALLOC_MMAP_THRESHOLD_": "1048576", "MALLOC_TRIM_THRESHOLD_": "8388608"},
-}
-
-
 def parse_mallocs(text: str) -> Tuple[str, ...]:
     out = _items(text)
     for part in out:
-        if part not in MALLOC_ENV:
-            raise ValueError(f"{part!r} is not an allocator setting ({', '.join(MALLOC_ENV)})")
+        if part == "default":
+            raise ValueError("'default' is gone: the default state is now 'representative' (a server that has "
+                             "seen clients disconnect); the old default is 'pristine'")
+        if part not in harness.MALLOC_STATES:
+            raise ValueError(f"{part!r} is not an allocator state ({', '.join(harness.MALLOC_STATES)})")
     return tuple(dict.fromkeys(out))
 
+
+def parse_reference(text: str) -> str:
+    value = text.strip().lower()
+    if value not in REFERENCE_MODES:
+        raise ValueError(f"{text!r} is not one of {', '.join(REFERENCE_MODES)}")
+    return value
+
+
+#: Where the plain reference servers run: ``auto`` at 100 connections x 64 B over TCP, ``all``
+#: at every case, ``none`` nowhere.
+REFERENCE_MODES = ("auto", "all", "none")
 
 def parse_bool(text: str) -> bool:
     value = text.strip().lower()
@@ -172,11 +179,14 @@ def _items(text: str) -> List[str]:
 
 @dataclass(frozen=True)
 class Profile:
-    """A benchmark matrix: (connections, size, transport) cases, and the round sizes."""
+    """A benchmark matrix: (connections, size, transport) cases, and the round sizes.
+    ``variants``: (impl, connections, size, transport, allocator state) cases run besides the
+    matrix when --pcb-malloc is not given, to show what a special state costs."""
 
     cases: Tuple[Tuple[int, int, str], ...]
     rounds: int
     min_messages: int
+    variants: Tuple[Tuple[str, int, int, str, str], ...] = ()
 
     def messages_for(self, connections: int, size: int) -> int:
         """Round trips per round: ~20 per connection (fewer from 3,000 connections on, where
@@ -204,7 +214,7 @@ def _profile_quick() -> Profile:
     # UNIX sockets at 100 connections: ~1.4 us of kernel work per send+recv against ~6 us for
     # loopback TCP, so the concurrency model's own cost shows far more clearly.
     cases = tuple((c, 64, "tcp") for c in (10, 100, 1000)) + ((100, 64, "unix"),)
-    return Profile(cases=cases, rounds=5, min_messages=20_000)
+    return Profile(cases=cases, rounds=5, min_messages=20_000, variants=PRISTINE_VARIANTS)
 
 
 def _profile_full() -> Profile:
@@ -216,7 +226,12 @@ def _profile_full() -> Profile:
     cases = [(c, 64, "tcp") for c in counts]
     cases += [(10, s, "tcp") for s in (1024, 10 * 1024, 100 * 1024)]
     cases += [(c, 64, "unix") for c in (10, 100)]
-    return Profile(cases=tuple(cases), rounds=7, min_messages=50_000)
+    return Profile(cases=tuple(cases), rounds=7, min_messages=50_000, variants=PRISTINE_VARIANTS)
+
+
+#: The allocator-sensitive implementations (measured: see docs/representative.md), shown also in
+#: the pristine state at 100 connections, 64 B over TCP.
+PRISTINE_VARIANTS = tuple((impl, 100, 64, "tcp", "pristine") for impl in ("asyncio_protocol",))
 
 
 PROFILES: Dict[str, Callable[[], Profile]] = {"quick": _profile_quick, "full": _profile_full}
@@ -236,9 +251,14 @@ OPTIONS: Dict[str, Tuple[Callable[[str], Any], Optional[str], str, str]] = {
                "full 7, 3 from 3,000 connections on)", "N"),
     "cpus": (parse_cpus, None, "SERVER_CPU,LOADGEN_CPU to pin to, or 'none' (default: 0,1, or the "
              "first two CPUs this process may use; pinning off with only one)", "A,B"),
-    "malloc": (parse_mallocs, "default", "allocator settings of the server: default, tuned "
-               "(glibc MALLOC_MMAP_THRESHOLD_/MALLOC_TRIM_THRESHOLD_), or both; tuned adds "
-               "-malloc_tuned to the test id", "LIST"),
+    "malloc": (parse_mallocs, None, "allocator states to measure each server in: representative (it has "
+               "seen clients disconnect, as any server in use has), pristine (never: glibc then maps and "
+               "unmaps asyncio's 256 KiB receive buffer per read), tuned (representative with glibc's "
+               "thresholds fixed by MALLOC_MMAP_THRESHOLD_/MALLOC_TRIM_THRESHOLD_); other than "
+               "representative adds -malloc_STATE to the test id (default: representative, plus the "
+               "profile's pristine variants)", "LIST"),
+    "reference": (parse_reference, "auto", "where the plain reference servers (pyconcbench.plain) run beside "
+                  "their project counterparts: auto (100 connections, 64 B, TCP), all (every case), none", "WHERE"),
     "syscalls": (parse_bool, "no", "count the server's syscalls and context switches per round trip "
                  "(perf, else strace; slows the server)", "yes|no"),
     "noise-retries": (parse_positive_int, "3", "how often a noisy round is measured again", "N"),
@@ -266,7 +286,9 @@ class Settings:
     cpus: Optional[Tuple[int, int]]
     noise_retries: int
     stall_timeout: float
-    mallocs: Tuple[str, ...] = ("default",)
+    mallocs: Tuple[str, ...] = ("representative",)
+    variants: Tuple[Tuple[str, int, int, str, str], ...] = ()
+    reference: str = "auto"
     syscalls: bool = False
     fail_on: Optional[str] = None
     fail_alpha: float = 0.05
@@ -344,7 +366,11 @@ def resolve_settings(config: pytest.Config) -> Settings:
         cpus=cpus,
         noise_retries=values["noise-retries"],
         stall_timeout=values["stall-timeout"],
-        mallocs=values["malloc"],
+        mallocs=values["malloc"] or (harness.MALLOC_DEFAULT,),
+        # the profile's variants only when the states were not chosen, and only at its cases
+        variants=() if values["malloc"] else tuple(
+            v for v in profile.variants if v[0] in values["impl"] and v[1:4] in cases),
+        reference=values["reference"],
         syscalls=values["syscalls"],
         fail_on=values["fail-on"],
         fail_alpha=values["fail-alpha"],
@@ -393,11 +419,18 @@ def pytest_report_header(config: pytest.Config) -> List[str]:
 
 @dataclass(frozen=True)
 class EchoCase:
+    """One echo benchmark.  ``plain``: the plain reference server of ``impl``
+    (``pyconcbench.plain``) instead of the project's; ``count_alloc``: count the server's
+    allocator syscalls in one untimed round after the measured ones (set where a run compares
+    allocator states)."""
+
     impl: str
     connections: int
     size: int
     transport: str
-    malloc: str = "default"
+    malloc: str = harness.MALLOC_DEFAULT
+    plain: bool = False
+    count_alloc: bool = field(default=False, compare=False)
 
     @property
     def scale(self) -> str:
@@ -406,31 +439,64 @@ class EchoCase:
 
     @property
     def id(self) -> str:
-        """Baseline key: ``impl-cN-SIZE[-unix][-malloc_tuned]``."""
-        suffix = "" if self.malloc == "default" else f"-malloc_{self.malloc}"
-        return f"{self.impl}-{self.scale}{suffix}"
+        """Baseline key: ``[plain_]impl-cN-SIZE[-unix][-malloc_STATE]``."""
+        suffix = "" if self.malloc == harness.MALLOC_DEFAULT else f"-malloc_{self.malloc}"
+        prefix = plain.PREFIX if self.plain else ""
+        return f"{prefix}{self.impl}-{self.scale}{suffix}"
 
     @property
     def label(self) -> str:
-        """The implementation as the summary table names it."""
-        return self.impl if self.malloc == "default" else f"{self.impl}+{self.malloc}_malloc"
+        """The implementation as the summary table names it: ``impl[+plain][+STATE_malloc]``."""
+        label = self.impl + ("+plain" if self.plain else "")
+        return label if self.malloc == harness.MALLOC_DEFAULT else f"{label}+{self.malloc}_malloc"
+
+    @property
+    def counterpart(self) -> Optional["EchoCase"]:
+        """The case this one is compared with: a plain server's project counterpart, a special
+        allocator state's representative one; None for a representative project case."""
+        if self.plain:
+            return dataclasses.replace(self, plain=False)
+        if self.malloc != harness.MALLOC_DEFAULT:
+            return dataclasses.replace(self, malloc=harness.MALLOC_DEFAULT)
+        return None
 
     @property
     def group(self) -> str:
         return f"echo-{self.scale}"
 
 
+def echo_cases(settings: Settings) -> List[EchoCase]:
+    """Every echo case of a run, in the order measured: per scale, each implementation in each
+    allocator state, then (where --pcb-reference puts one) its plain reference server, so that a
+    server and what it is compared with run back to back."""
+    out: List[EchoCase] = []
+    for conns, size, transport in settings.cases:
+        reference = settings.reference == "all" or (settings.reference == "auto" and (conns, size, transport) == (100, 64, "tcp"))
+        for impl in settings.impls:
+            mallocs = list(settings.mallocs) + [v[4] for v in settings.variants
+                                                if (v[0], v[1], v[2], v[3]) == (impl, conns, size, transport)]
+            mallocs = list(dict.fromkeys(mallocs))
+            for malloc in mallocs:
+                out.append(EchoCase(impl, conns, size, transport, malloc))
+            if reference and impl in plain.PLAIN:
+                out += [EchoCase(impl, conns, size, transport, malloc, plain=True)
+                        for malloc in mallocs if malloc != "tuned"]
+    # Where a run compares allocator states of a server, count their allocator syscalls.
+    states: Dict[Tuple[str, int, int, str], int] = {}
+    for case in out:
+        key = (case.impl, case.connections, case.size, case.transport)
+        states[key] = states.get(key, 0) + (not case.plain)
+    return [dataclasses.replace(c, count_alloc=states[(c.impl, c.connections, c.size, c.transport)] > 1)
+            for c in out]
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "echo_case" not in metafunc.fixturenames:
         return
     settings = metafunc.config.stash[SETTINGS_KEY]
-    params = []
-    for (conns, size, transport), impl, malloc in itertools.product(
-            settings.cases, settings.impls, settings.mallocs):
-        case = EchoCase(impl, conns, size, transport, malloc)
-        params.append(pytest.param(
-            case, id=case.id, marks=pytest.mark.benchmark(group=case.group, timer=ROUND_CLOCK)))
-    metafunc.parametrize("echo_case", params)
+    metafunc.parametrize("echo_case", [
+        pytest.param(case, id=case.id, marks=pytest.mark.benchmark(group=case.group, timer=ROUND_CLOCK))
+        for case in echo_cases(settings)])
 
 
 # ---- the measured round -----------------------------------------------------------------
@@ -582,6 +648,25 @@ class EchoRunner:
                 return
             self.rejected.append(rec)
 
+    def count_allocator(self, session: loadgen.LoadSession) -> Dict[str, Any]:
+        """The server's allocator syscalls per round trip over one extra round after the
+        measured ones (untimed: perf's tracepoints slow the calls they count), to show the
+        state it ran in; ``alloc_syscalls_per_msg`` is None with the reason when it cannot count."""
+        tool = _syscall_tool_cached()
+        if tool is None:
+            return {"alloc_syscalls_per_msg": None,
+                    "alloc_syscalls_note": "not counted: needs perf (linux-perf) or strace on PATH"}
+        counter = syscalls.SyscallCounter(self.server.measured_pid, tool, names=syscalls.ALLOCATOR).start()
+        try:
+            result = session.round()
+        finally:
+            counts = counter.stop()
+        per = {name: round(counts.get(name, 0) / result.completed, 3) for name in syscalls.ALLOCATOR}
+        per["total"] = round(counts.get("total", 0) / result.completed, 3)
+        return {"alloc_syscalls_per_msg": per,
+                "alloc_syscalls_note": f"counted with {tool} over one extra, untimed round of "
+                                       f"{result.completed} round trips after the measured ones"}
+
     def run(self, benchmark: Any) -> "EchoOutcome":
         counts = None
         with loadgen.LoadSession(self.spec) as session:
@@ -594,7 +679,10 @@ class EchoRunner:
             finally:
                 if counter is not None:
                     counts = counter.stop()
+            alloc = self.count_allocator(session) if self.case.count_alloc else None
         outcome = EchoOutcome.from_records(self, session.connect_seconds)
+        if alloc is not None:
+            outcome.extra.update(alloc)
         if counts is not None:
             # every round trip in the counted window, rejected noisy rounds included
             messages = sum(r.result.completed for r in self.records + self.rejected)
@@ -647,6 +735,8 @@ class EchoOutcome:
             "impl": case.impl,
             "label": case.label,
             "malloc": case.malloc,
+            "plain": case.plain,
+            "malloc_probe_at_start": (server.ready or {}).get("malloc_probe"),
             "connections": case.connections,
             "size": case.size,
             "transport": case.transport,
@@ -927,13 +1017,18 @@ class GatePlugin:
                 tr.write_line(f"gate summary appended to {self.settings.gate_markdown}")
             except OSError as exc:
                 tr.write_line(f"pyconcbench gate: cannot write {self.settings.gate_markdown}: {exc.strerror}")
-SYSCALL_TOOL_KEY = pytest.StashKey[Optional[str]]()
+_TOOL_CACHE: Dict[str, Optional[str]] = {}
 
 
-def _syscall_tool(config: pytest.Config) -> Optional[str]:
-    if SYSCALL_TOOL_KEY not in config.stash:
-        config.stash[SYSCALL_TOOL_KEY] = syscalls.available_tool()
-    return config.stash[SYSCALL_TOOL_KEY]
+def _syscall_tool_cached() -> Optional[str]:
+    """syscalls.available_tool(), probed once per process."""
+    if "tool" not in _TOOL_CACHE:
+        _TOOL_CACHE["tool"] = syscalls.available_tool()
+    return _TOOL_CACHE["tool"]
+
+
+def _syscall_tool(config: pytest.Config) -> Optional[str]:  # noqa: ARG001
+    return _syscall_tool_cached()
 
 
 @pytest.fixture
@@ -946,9 +1041,9 @@ def echo_server(request: pytest.FixtureRequest, echo_case: EchoCase, pcb_setting
     cpus = pcb_settings.cpus
     # Thread-per-connection models take seconds to wind down 10k threads on one CPU.
     stop_timeout = max(10.0, echo_case.connections / 500.0)
-    server = harness.ServerProcess(echo_case.impl, transport=echo_case.transport,
-                                   cpu=cpus[0] if cpus else None, env=MALLOC_ENV[echo_case.malloc],
-                                   stop_timeout=stop_timeout)
+    kind = harness.PlainServer if echo_case.plain else harness.ServerProcess
+    server = kind(echo_case.impl, transport=echo_case.transport, cpu=cpus[0] if cpus else None,
+                  malloc=echo_case.malloc, stop_timeout=stop_timeout)
     try:
         server.start()
     except harness.ServerUnavailable as exc:

@@ -13,6 +13,10 @@ An implementation whose work runs in another process (an external peer: ``go_net
 ``"worker_pid"`` (the process the harness measures); ``usage() -> dict`` is called after
 ``serve`` returns, and its ``user``, ``system`` and ``maxrss_kib`` replace this process's own
 in the usage report.  See ``pyconcbench.servers.peers``.
+
+READY also reads back the state of glibc's allocator at start-up (``malloc_probe``, see
+``allocator_probe``): whether a block the size of an asyncio receive buffer gets an ``mmap`` of
+its own.  Which state a benchmark measures is the harness's choice (``pyconcbench.harness``).
 """
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ import os
 import resource
 import signal
 import socket
+import platform
 import stat
 import sys
 
@@ -34,6 +39,9 @@ EXIT_FAILED = 1
 EXIT_UNUSABLE = 2
 PR_SET_PDEATHSIG = 1
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+#: The block ``allocator_probe`` allocates: what ``sock.recv(256 KiB)`` asks malloc for (a bytes
+#: object of 256 KiB plus its header), as an asyncio transport does for every read.
+MALLOC_PROBE_BYTES = 256 * 1024 + 64
 
 
 class Unusable(Exception):
@@ -121,6 +129,33 @@ def pin(cpu: int) -> None:
             "cannot pin to CPU %d (allowed: %s): %s"
             % (cpu, sorted(os.sched_getaffinity(0)), exc)
         ) from None
+
+
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+        "fordblks", "keepcost")]
+
+
+def allocator_probe() -> "str | None":
+    """Whether glibc would serve an asyncio-sized receive buffer with an mmap of its own
+    ("mmap": the process has never freed a block above the 128 KiB initial threshold, or the
+    threshold was fixed there) or from the heap ("heap"); None when the C library is not glibc
+    2.33+ (no mallinfo2).  The probe block is kept, not freed: freeing a mapped block is exactly
+    what would move glibc's threshold, and so change the state being read."""
+    if platform.libc_ver()[0] != "glibc":
+        return None
+    try:
+        libc = ctypes.CDLL(None)
+        libc.mallinfo2.restype = _Mallinfo2
+    except (OSError, AttributeError):
+        return None
+    libc.malloc.restype = ctypes.c_void_p
+    libc.malloc.argtypes = [ctypes.c_size_t]
+    mapped_before = libc.mallinfo2().hblks
+    if not libc.malloc(MALLOC_PROBE_BYTES):
+        return None
+    return "mmap" if libc.mallinfo2().hblks > mapped_before else "heap"
 
 
 def _remove_stale_socket(path: str) -> None:
@@ -286,6 +321,7 @@ def main(argv=None) -> int:
             "pid": os.getpid(),
             "cpu": sorted(os.sched_getaffinity(0)),
             "python": sys.version.split()[0],
+            "malloc_probe": allocator_probe(),
         }
         start = implementation_hook(serve, "start")
         if start is not None:

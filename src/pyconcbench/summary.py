@@ -11,7 +11,42 @@ from __future__ import annotations
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 BASELINE = "native_epoll"
-WIDTH = 30  # implementation column: fits "asyncio_protocol+tuned_malloc"
+WIDTH = 38  # implementation column: fits "asyncio_protocol+plain+pristine_malloc"
+#: A project server whose rate is outside this band of its plain reference server's (same run,
+#: same load) is flagged as a harness effect.
+HARNESS_EFFECT_BAND = (0.9, 1.1)
+
+
+def comparison_notes(row: Dict[str, Any], group: List[Dict[str, Any]]) -> List[str]:
+    """What a row is compared with in its scale's group: a project server with its plain
+    reference server (flagged outside HARNESS_EFFECT_BAND), a special allocator state with the
+    representative one, and the allocator syscalls per round trip where they were counted."""
+    notes: List[str] = []
+
+    def find(**want: Any) -> Optional[Dict[str, Any]]:
+        return next((r for r in group if all(r.get(k, d) == v for k, (v, d) in want.items())), None)
+
+    impl, malloc = row["impl"], row.get("malloc", "representative")
+    if not row.get("plain"):
+        ref = find(impl=(impl, None), plain=(True, False), malloc=(malloc, "representative"))
+        if ref and ref.get("msgs_per_s"):
+            ratio = row["msgs_per_s"] / ref["msgs_per_s"]
+            low, high = HARNESS_EFFECT_BAND
+            if low <= ratio <= high:
+                notes.append(f"{ratio:.2f}x its plain server")
+            else:
+                notes.append(f"⚠ harness effect: {ratio:.2f}x its plain server (outside {low}-{high})")
+    if malloc != "representative":
+        rep = find(impl=(impl, None), plain=(bool(row.get("plain")), False), malloc=("representative", "representative"))
+        if rep and rep.get("msgs_per_s"):
+            notes.append(f"{row['msgs_per_s'] / rep['msgs_per_s']:.2f}x representative")
+    per = row.get("alloc_syscalls_per_msg")
+    if per:
+        calls = [f"{name} {per[name]:.2f}" for name in ("mmap", "munmap", "mremap", "brk") if per.get(name)]
+        notes.append("allocator calls per round trip: " + (", ".join(calls) if calls else "none"))
+    elif "alloc_syscalls_per_msg" in row:
+        notes.append("allocator calls not counted (no perf or strace)")
+    return notes
 
 
 def size_label(size: int) -> str:
@@ -52,6 +87,7 @@ def echo_table(rows: Iterable[Dict[str, Any]]) -> List[str]:
                 notes.append(f"{r['starving_connections']} starving connections")
             if r.get("noisy_rounds_kept"):
                 notes.append(f"{r['noisy_rounds_kept']} noisy rounds kept")
+            notes += comparison_notes(r, group)
             ratio = r["msgs_per_s"] / base["msgs_per_s"] if base and base["msgs_per_s"] else None
             overhead = None
             if base and base.get("server_cpu_us_per_msg") is not None and r.get("server_cpu_us_per_msg") is not None:

@@ -17,7 +17,7 @@ import signal
 import subprocess
 import tempfile
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 #: The calls an echo server, its event loop and its allocator make (perf counts these by name).
 NAMED = (
@@ -28,6 +28,9 @@ NAMED = (
     "madvise", "futex", "sched_yield", "nanosleep", "clock_nanosleep", "rt_sigreturn",
     "rt_sigprocmask", "getpid", "gettid", "io_uring_enter",
 )
+#: The allocator's calls: what a server in the pristine state makes per read (see
+#: pyconcbench.harness.MALLOC_STATES).
+ALLOCATOR = ("mmap", "munmap", "mremap", "brk", "madvise")
 SETUP_TIMEOUT = 30.0
 FINISH_TIMEOUT = 30.0
 
@@ -49,10 +52,12 @@ def available_tool() -> Optional[str]:
 
 
 class SyscallCounter:
-    """Counts the syscalls of process ``pid`` (all its threads) between start() and stop()."""
+    """Counts the syscalls of process ``pid`` (all its threads) between start() and stop();
+    with perf, by name those of ``names`` (default: ``NAMED``), the rest as ``other``."""
 
-    def __init__(self, pid: int, tool: Optional[str] = None):
+    def __init__(self, pid: int, tool: Optional[str] = None, names: Sequence[str] = NAMED):
         self.pid = pid
+        self.names = tuple(names)
         self.tool = tool or available_tool()
         if self.tool is None:
             raise SyscallCountError("counting syscalls needs perf (linux-perf) or strace on PATH")
@@ -66,7 +71,7 @@ class SyscallCounter:
 
     def _perf_argv(self) -> List[str]:
         events: List[str] = []
-        for name in NAMED:
+        for name in self.names:
             events += ["-e", f"syscalls:sys_enter_{name}"]
         ctl, ack = os.path.join(self._dir, "ctl"), os.path.join(self._dir, "ack")
         os.mkfifo(ctl)
