@@ -590,6 +590,15 @@ class PlainServer(ServerProcess):
     def _popen_options(self) -> dict:
         return {"preexec_fn": _pin_and_arm(self.cpu)}
 
+    def _raise_exited_before_ready(self) -> None:
+        # exit code 2 is serve's "cannot run here"; for a script of ours it is a failure
+        try:
+            code = self._proc.wait(self.stop_timeout)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            code = self._proc.wait()
+        raise ServerError(self._with_stderr("server %r exited with code %s before READY" % (self.impl, code)))
+
     def _parse_ready(self, line: bytes) -> dict:
         text = line.decode("utf-8", "replace").strip()
         if not text.startswith("serving on "):

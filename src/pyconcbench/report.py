@@ -14,7 +14,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from pyconcbench import stats
+from pyconcbench import stats, summary
 from pyconcbench.micro.summary import fmt_ns
 from pyconcbench.results import Families, Run, split
 from pyconcbench.summary import BASELINE, size_label
@@ -223,6 +223,61 @@ def echo_size_table(infos: Sequence[Dict[str, Any]], transport: str, connections
                   f"{i.get('mib_per_s', i['msgs_per_s'] * c / (1 << 20)):,.1f} MiB/s")
 
 
+ALLOCATOR_NOTE = (
+    "representative (the default): the server has seen a few clients connect and disconnect before the "
+    "measurement, as any server in use has; pristine: it has not. glibc maps a block above its mmap threshold "
+    "(128 KiB at start) on its own and raises the threshold only when such a block is freed; an asyncio "
+    "transport receives into a new 256 KiB buffer per read and shrinks it (mremap), so a pristine server makes "
+    "an mmap, an mremap and a munmap per read, until a read that finds end-of-file frees a whole buffer. "
+    "tuned: glibc's thresholds fixed by MALLOC_MMAP_THRESHOLD_/MALLOC_TRIM_THRESHOLD_. "
+    "plain: a reference server of the same model written as a user would (pyconcbench.plain), no project code "
+    "in its process, measured right after the project's; ⚠ marks a ratio outside "
+    f"{summary.HARNESS_EFFECT_BAND[0]}–{summary.HARNESS_EFFECT_BAND[1]} (the harness, not the model, measured). "
+    "Allocator calls are counted over one extra, untimed round.")
+
+
+def harness_check_table(infos: Sequence[Dict[str, Any]]) -> Optional[Table]:
+    """Each project server measured beside its plain reference server or in another allocator
+    state: rate, its ratio to the plain server and to the representative state, and the allocator
+    calls per round trip where they were counted.  None when the run compared nothing."""
+    def key(i: Dict[str, Any]) -> Tuple[Any, ...]:
+        return (i.get("impl"), i.get("transport"), i.get("size"), i.get("connections"))
+
+    by_key: Dict[Tuple[Any, ...], List[Dict[str, Any]]] = {}
+    for i in infos:
+        by_key.setdefault(key(i), []).append(i)
+    rows = []
+    for k in sorted(by_key, key=lambda k: tuple(str(x) for x in k)):
+        group = by_key[k]
+        if len(group) < 2:
+            continue
+
+        def find(plain: bool, malloc: str) -> Optional[Dict[str, Any]]:
+            return next((i for i in group if bool(i.get("plain")) == plain
+                         and i.get("malloc", "representative") == malloc), None)
+
+        for i in sorted(group, key=lambda i: (bool(i.get("plain")), i.get("malloc", ""))):
+            malloc = i.get("malloc", "representative")
+            plain_ref = None if i.get("plain") else find(True, malloc)
+            rep = find(bool(i.get("plain")), "representative") if malloc != "representative" else None
+            ratio = i["msgs_per_s"] / plain_ref["msgs_per_s"] if plain_ref and plain_ref.get("msgs_per_s") else None
+            low, high = summary.HARNESS_EFFECT_BAND
+            flag = " ⚠" if ratio is not None and not low <= ratio <= high else ""
+            per = i.get("alloc_syscalls_per_msg")
+            calls = ("-" if not per else
+                     " + ".join(f"{per.get(n, 0):.2f}" for n in ("mmap", "mremap", "munmap")))
+            scale = f"{conns_label(i['connections'])} × {size_label(i['size'])} {transport_label(i['transport'])}"
+            rows.append([i["impl"] + (" (plain)" if i.get("plain") else ""), scale, malloc, rate_cell(i),
+                         fmt_f(ratio, ".2f") + flag if ratio is not None else "",
+                         fmt_f(i["msgs_per_s"] / rep["msgs_per_s"], ".2f") if rep and rep.get("msgs_per_s") else "",
+                         calls])
+    if not rows:
+        return None
+    return Table("Harness checks: plain reference servers and allocator states",
+                 ["implementation", "scale", "allocator state", "msgs/s", "÷ plain server", "÷ representative",
+                  "mmap + mremap + munmap per round trip"], rows, ALLOCATOR_NOTE)
+
+
 def echo_section(echo: Sequence[Dict[str, Any]], ceiling: Sequence[Dict[str, Any]] = ()) -> Optional[Section]:
     if not echo and not ceiling:
         return None
@@ -239,6 +294,9 @@ def echo_section(echo: Sequence[Dict[str, Any]], ceiling: Sequence[Dict[str, Any
     for (transport, conns), group in sorted(sweeps.items()):
         if len({i["size"] for i in group}) > 1:
             sec.tables.append(echo_size_table(group, transport, conns))
+    checks = harness_check_table(infos)
+    if checks is not None:
+        sec.tables.append(checks)
     if ceiling:
         rows = []
         for b in sorted(ceiling, key=lambda b: b["extra_info"].get("connections", 0)):
