@@ -10,7 +10,7 @@ TEST_ARGS ?=
 
 .PHONY: install bench compare test test-fast debug test-debug clean tox matrix report
 
-$(STAMP): pyproject.toml setup.py $(wildcard native/*.c native/*.h)
+$(STAMP): pyproject.toml setup.py $(wildcard native/*.c native/*.h native/helpers/*.c)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[$(EXTRAS)]'
@@ -68,4 +68,4 @@ test-debug: debug
 	    $(PY) -m pytest tests/test_hist.py tests/test_loadgen.py tests/test_serve.py tests/test_micro.py -m "not slow" $(TEST_ARGS)
 
 clean:
-	rm -rf build $(VENV) src/*.egg-info src/pyconcbench/*.so .pytest_cache
+	rm -rf build $(VENV) src/*.egg-info src/pyconcbench/*.so src/pyconcbench/pcb_forkloop .pytest_cache

@@ -1,4 +1,6 @@
-"""Builds pyconcbench._native from the C sources in native/.
+"""Builds pyconcbench._native from the C sources in native/, and the small helper programs in
+native/helpers/ (plain C executables installed in the package beside the extension: see
+HELPERS).
 
 Environment:
   PCB_DEBUG=1     -O0 -g with AddressSanitizer and UBSan (load with LD_PRELOAD of libasan,
@@ -20,6 +22,13 @@ SOURCES = sorted(
     for name in os.listdir(os.path.join(os.path.dirname(os.path.abspath(__file__)), "native"))
     if name.endswith(".c")
 )
+
+#: Executables built from one C file each, installed in the package pyconcbench: programs the
+#: measurements run as processes of their own (pcb_forkloop: fork timed from a tiny process,
+#: as the context-switch study did).  Built with plain -O2 (never the sanitizers of a debug
+#: build: they would inflate the very process size being measured), libc only.
+HELPERS = [("pcb_forkloop", os.path.join("native", "helpers", "pcb_forkloop.c"))]
+HELPER_ARGS = ["-O2", "-Wall", "-Wextra", "-std=gnu11"]
 
 
 def _flags():
@@ -54,6 +63,34 @@ class checked_build_ext(build_ext):
                 "or set CC" % cc
             )
         super().run()
+        self.build_helpers()
+
+    def _helper_paths(self, name):
+        """(where the build puts it, where an in-place/editable build copies it)."""
+        build_py = self.get_finalized_command("build_py")
+        return (os.path.join(self.build_lib, "pyconcbench", name),
+                os.path.join(build_py.get_package_dir("pyconcbench"), name))
+
+    def build_helpers(self):
+        """Compiles and links each helper with the extension's compiler (self.compiler, set up
+        by build_ext), then copies it into the source tree for in-place and editable builds."""
+        for name, source in HELPERS:
+            regular, inplace = self._helper_paths(name)
+            objects = self.compiler.compile([source], output_dir=self.build_temp,
+                                            extra_postargs=HELPER_ARGS)
+            self.compiler.link_executable(objects, name, output_dir=os.path.dirname(regular))
+            if self.inplace:
+                self.copy_file(regular, inplace, level=self.verbose)
+
+    def get_outputs(self):
+        return super().get_outputs() + [self._helper_paths(name)[1 if self.inplace else 0]
+                                        for name, _ in HELPERS]
+
+    def get_output_mapping(self):  # setuptools >= 64: the editable install's file map
+        mapping = super().get_output_mapping()
+        if self.inplace:
+            mapping.update(self._helper_paths(name) for name, _ in HELPERS)
+        return mapping
 
 
 compile_args, link_args = _flags()

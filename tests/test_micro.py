@@ -1,13 +1,16 @@
 """pyconcbench.micro: the catalogue, the native loops (not optimised away, every case counted
 by the other side, bounded, interruptible, leaving no thread or child behind), the Python
 workloads, the Go driver, the Runner (pinning restored, skips with reasons, extra_info), the
-least-squares fit, and the benchmark module through pytester."""
+least-squares fit, fork from a small helper process (smallproc: bounded, never orphaned, one-line
+failures, its size recorded), and the benchmark module through pytester."""
+import dataclasses
 import json
 import os
 import re
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -15,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from pyconcbench import _native, micro
-from pyconcbench.micro import Case, Runner, Sample, Unavailable, fit_line, golang, native, workloads
+from pyconcbench.micro import (Case, Runner, Sample, Unavailable, fit_line, golang, native,
+                               smallproc, workloads)
 from pyconcbench.micro.summary import depth_fits, spread_between, table
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -273,7 +277,7 @@ def test_yield_from_and_await_chains_are_as_deep_as_asked():
         assert levels == d and c.gi_code.co_name == "__await__"  # d coroutines, then the leaf
 
 
-PY_SMALL = [case for case in micro.cases() if case.family == "python"]
+PY_SMALL = [case for case in micro.cases() if case.family == "python" and not case.helper]
 
 
 @pytest.mark.parametrize("case", PY_SMALL, ids=[f"{c.test}-{c.id}" for c in PY_SMALL])
@@ -441,3 +445,171 @@ def test_bench_module_runs_records_and_prints(pytester):
         assert extra["fit_depths"] == [2, 4] and "fit_slope_ns_per_level" in extra
     call = by_name["test_switch[native-call]"]["extra_info"]
     assert call["study_ns"] == 2.34 and len(call["samples"]) == call["rounds"] == 7
+
+
+# ---- fork from a small helper process --------------------------------------------------------
+
+SMALL_FORK = ["native-fork_waitpid-small_c", "native-fork_waitpid-small_py",
+              "python-fork_waitpid-small_py"]
+HERE_FORK = ["native-fork_waitpid", "python-fork_waitpid"]
+
+
+def _status_kib(key):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    raise AssertionError(key)
+
+
+def _alive(pid):
+    """Whether pid is a live process (a zombie waiting for its reaper is not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+def _children_of(pid):
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == pid:
+            out.append((int(entry), cmd))
+    return out
+
+
+def test_fork_rows_from_a_small_process_and_from_this_one():
+    """Each fork case exists twice, clearly apart: from a small helper (compared with the
+    study's s_fork) and from the measuring process (no study ratio, a note saying why)."""
+    from pyconcbench.micro.summary import not_compared_note, study_figure
+
+    for cid in SMALL_FORK:
+        c = micro.find(cid, "create")
+        assert c.helper in smallproc.KINDS and c.target == "fork_waitpid"
+        assert study_figure(c)[0] == 50980.0 and not_compared_note(c) is None
+        assert "fresh" in c.op and "MiB resident" in c.op
+    assert micro.find("native-fork_waitpid-small_c").helper == "c"
+    for cid in HERE_FORK:
+        c = micro.find(cid, "create")
+        assert not c.helper and "measuring process itself" in c.op
+        assert study_figure(c) is None and "not compared" in not_compared_note(c)
+
+
+def test_small_helpers_report_their_loop_and_their_size():
+    pytest_rss = _status_kib("VmRSS")
+    for kind, family in (("c", "native"), ("python", "native"), ("python", "python")):
+        d = smallproc.run(kind, family, 20, cpu=CPU_A, timeout=60)
+        assert d["ops"] == d["check"] == 20 and d["elapsed_ns"] > 0 and d["empty_ns"] >= 0
+        assert d["rss_kib"] > 0 and d["pte_kib"] > 0 and d["maps"] > 0
+        # far below this (pytest) process: the point of the helper
+        assert d["rss_kib"] < pytest_rss / (8 if kind == "c" else 2), (kind, family, d)
+    with pytest.raises(ValueError, match="native cases only"):
+        smallproc.command("c", "python", 10)
+
+
+@pytest.mark.parametrize("cid", SMALL_FORK)
+def test_small_fork_case_runs_and_records_the_forking_process(cid):
+    case = dataclasses.replace(micro.find(cid, "create"), loops=20, rounds=2)
+    before = os.sched_getaffinity(0)
+    extra = Runner(case).run()
+    assert os.sched_getaffinity(0) == before
+    assert extra["ns_per_op"] > 0 and extra["rounds"] == 2
+    assert all(s["check"] == s["ops"] == 20 for s in extra["samples"])
+    assert extra["forking_process"] == smallproc.describe(case.helper, case.family)
+    assert extra["parent_rss_kib"] > 0 and extra["parent_pte_kib"] > 0
+    assert extra["parent_rss_kib"] < extra["measuring_process_rss_kib"] / 2
+    assert extra["study_ns"] == 50980.0 and extra["ratio_to_study"] > 0
+    assert "helper process" in extra["pinning"] and "(in the helper process)" in extra["timer"]
+    json.dumps(extra)
+
+
+def test_fork_from_this_process_has_no_study_ratio_and_costs_more():
+    """The same C loop forking this (pytest) process and forking the tiny C helper: the row
+    from here carries its size and a note instead of the study's figure, and costs more
+    (pytest is ~30x the helper's resident size; fork's cost grows with it)."""
+    here = Runner(dataclasses.replace(micro.find("native-fork_waitpid", "create"), loops=30,
+                                      rounds=3)).run()
+    small = Runner(dataclasses.replace(micro.find("native-fork_waitpid-small_c", "create"),
+                                       loops=30, rounds=3)).run()
+    assert "study_ns" not in here and "ratio_to_study" not in here
+    assert "not compared" in here["study_note"] and here["parent_pte_kib"] > 0
+    assert here["forking_process"].startswith("the measuring process itself")
+    assert small["parent_rss_kib"] * 8 < here["parent_rss_kib"]
+    assert small["ns_per_op_min"] < here["ns_per_op_min"]
+    text = "\n".join(table([here, small]))
+    assert "no study ratio: not like for like" in text and "MiB resident" in text
+    assert re.search(r"native-fork_waitpid-small_c .* 50,980 +[0-9.]+ ", text), text
+
+
+def test_small_helper_is_killed_at_its_timeout():
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"^pcb_forkloop: did not finish within 0.3 s \(killed\)$"):
+        smallproc.run("c", "native", 50_000_000, cpu=CPU_A, timeout=0.3)
+    assert time.monotonic() - t0 < 10.0
+    assert _children_of(os.getpid()) == []
+
+
+def test_small_helper_failures_are_one_line(monkeypatch, tmp_path):
+    monkeypatch.setattr(smallproc, "command", lambda kind, family, loops: [smallproc.program(), "0"])
+    with pytest.raises(RuntimeError, match=r"^pcb_forkloop: exited with code 2: usage: ") as e:
+        smallproc.run("c", "native", 10)
+    assert "\n" not in str(e.value)
+    monkeypatch.undo()
+
+    monkeypatch.setattr(smallproc._native, "__file__", str(tmp_path / "missing.so"))
+    with pytest.raises(RuntimeError) as e:
+        smallproc.run("python", "native", 10)
+    assert "\n" not in str(e.value)
+    assert re.match(r"python -I -S forkloop.py native: exited with code 1: forkloop.py native: "
+                    r"ImportError: .*missing.so", str(e.value)), str(e.value)
+    monkeypatch.undo()
+
+    fake = tmp_path / "forkloop.py"
+    fake.write_text("print('no json here')\n")
+    monkeypatch.setattr(smallproc, "SCRIPT", str(fake))
+    with pytest.raises(RuntimeError, match=r"^python -I -S forkloop.py python: no usable report "):
+        smallproc.run("python", "python", 10)
+
+
+def test_small_c_helper_missing_is_a_skip_reason(monkeypatch):
+    monkeypatch.setattr(smallproc, "PROGRAM", "pcb_no_such_program")
+    with pytest.raises(Unavailable, match=r"native-fork_waitpid-small_c: pcb_no_such_program is "
+                                          r"not built .* `pip install -e .`"):
+        Runner(micro.find("native-fork_waitpid-small_c")).check_available()
+    Runner(micro.find("python-fork_waitpid-small_py")).check_available()  # needs no build
+
+
+@pytest.mark.parametrize("kind,family", [("c", "native"), ("python", "python")])
+def test_small_helper_dies_with_the_process_that_started_it(kind, family):
+    """A process running a helper is SIGKILLed: the kernel kills the helper too
+    (PR_SET_PDEATHSIG, armed before exec), nothing is left running."""
+    code = ("import sys; from pyconcbench.micro import smallproc; "
+            f"smallproc.run({kind!r}, {family!r}, 50_000_000, timeout=300)")
+    middle = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL)
+    marker = smallproc.PROGRAM if kind == "c" else "forkloop.py"
+    helper = None
+    try:
+        deadline = time.monotonic() + 20
+        while helper is None and time.monotonic() < deadline:
+            assert middle.poll() is None, "the process running the helper exited early"
+            found = [pid for pid, cmd in _children_of(middle.pid) if marker in cmd]
+            helper = found[0] if found else None
+            time.sleep(0.02)
+        assert helper is not None, "the helper did not start"
+    finally:
+        middle.kill()
+        middle.wait(10)
+    deadline = time.monotonic() + 10
+    while _alive(helper) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not _alive(helper), f"helper {helper} outlived the process that started it"

@@ -21,6 +21,12 @@ the measuring thread waited for its CPU (another process ran there) is measured 
 ``NOISE_RETRIES`` times, and counted when it stays noisy.  It knows nothing of pytest: give
 ``run()`` pytest-benchmark's ``benchmark.pedantic`` to have each round timed by it too.
 ``python -m pyconcbench.micro`` runs cases without pytest.
+
+fork copies the forking process's page tables, so its cost grows with that process's memory:
+``*-fork_waitpid`` forks the measuring process itself (pytest: ~50 MiB resident) and is not
+compared with the study, while ``*-fork_waitpid-small_c`` / ``-small_py`` fork from a small
+helper process started for each round (``smallproc``: a tiny C program, the study's setting,
+or a fresh ``python -I -S``), whose resident size goes into extra_info beside the figure.
 """
 from __future__ import annotations
 
@@ -94,7 +100,9 @@ class Case:
     ``target`` is the workload: a function in ``workloads`` (python), a case of
     ``_native.micro_run`` (native) or of ``go/switch.go`` (go); ``params`` its fixed keyword
     arguments.  ``loops`` iterations of the timed loop per round, ``ops_per_loop`` operations
-    per iteration.  ``cpus`` 2: the peer thread or process runs on a second CPU."""
+    per iteration.  ``cpus`` 2: the peer thread or process runs on a second CPU.  ``helper``:
+    the loop runs in a small helper process started per round (``smallproc``), not in this
+    one."""
 
     test: str
     family: str
@@ -110,6 +118,7 @@ class Case:
     params: Tuple[Tuple[str, Any], ...] = ()
     step: int = 1  # loops must be a multiple of this
     depth: Optional[int] = None
+    helper: str = ""  # run in a small process of its own: "c" or "python" (see smallproc)
 
     @property
     def id(self) -> str:
@@ -138,6 +147,13 @@ class Case:
 # ---- the catalogue ------------------------------------------------------------------------------
 
 RT = "round trip: resume the other side until it suspends again (two one-way switches)"
+FROM_HERE = ("forked from the measuring process itself (pytest, ~50 MiB resident, or "
+             "python -m pyconcbench.micro; see parent_rss_kib), not a small process as in the "
+             "study: no study ratio")
+SMALL_C = ("forked from pcb_forkloop, a fresh C program of its own (libc only, about 1.5 MiB "
+           "resident, see parent_rss_kib), as the study's s_fork was")
+SMALL_PY = ("forked from a fresh `python -I -S` process (no site, no pytest; about 9 MiB "
+            "resident, see parent_rss_kib)")
 HANDOFF = "one-way hand-off: one side wakes the other and waits (a round trip is 2 ops)"
 
 
@@ -188,7 +204,10 @@ def _python() -> List[Case]:
         Case("create", P, "thread_start_join", "thread_start_join",
              "threading.Thread(target=f).start() + join()", 2_000),
         Case("create", P, "fork_waitpid", "fork_waitpid",
-             "os.fork() of a child that os._exit(0)s + os.waitpid()", 200),
+             f"os.fork() of a child that os._exit(0)s + os.waitpid(), {FROM_HERE}", 200),
+        Case("create", P, "fork_waitpid-small_py", "fork_waitpid",
+             f"os.fork() of a child that os._exit(0)s + os.waitpid(), {SMALL_PY}", 500,
+             helper="python"),
         Case("create", P, "mp_process", "mp_process",
              "multiprocessing Process (fork context) start() + join()", 40, rounds=3),
         Case("create", P, "greenlet_create", "greenlet_create",
@@ -250,7 +269,12 @@ def _native_cases() -> List[Case]:
         Case("create", N, "pthread_create_join", "pthread_create_join",
              "pthread_create + pthread_join of a thread that returns at once", 5_000),
         Case("create", N, "fork_waitpid", "fork_waitpid",
-             "fork() of a child that _exit(0)s + waitpid(), from this (Python) process", 300),
+             f"fork() of a child that _exit(0)s + waitpid(), {FROM_HERE}", 300),
+        Case("create", N, "fork_waitpid-small_c", "fork_waitpid",
+             f"fork() of a child that _exit(0)s + waitpid(), {SMALL_C}", 1000, helper="c"),
+        Case("create", N, "fork_waitpid-small_py", "fork_waitpid",
+             f"fork() of a child that _exit(0)s + waitpid() in the extension's C loop, "
+             f"{SMALL_PY}", 1000, helper="python"),
     ]
     for name, target, what in (("futex", "futex_handoff", "a futex word (wake, wait)"),
                                ("pipe_threads", "pipe_threads", "a pipe pair, 1 byte, threads"),
@@ -392,6 +416,15 @@ def _status_kib(key: str) -> Optional[int]:
     return None
 
 
+def _mappings() -> Optional[int]:
+    """How many mappings this process has (/proc/self/maps), None when unreadable."""
+    try:
+        with open("/proc/self/maps") as f:
+            return sum(1 for _ in f)
+    except OSError:
+        return None
+
+
 def _version(module: str) -> Optional[str]:
     try:
         from importlib.metadata import version
@@ -415,6 +448,7 @@ class Runner:
         self.rejected: List[Tuple[Sample, str]] = []  # noisy rounds measured again
         self.extra: Dict[str, Any] = {}
         self.go_version: Optional[str] = None
+        self.helper_reports: List[Dict[str, Any]] = []  # every helper run's own report
 
     # -- availability ------------------------------------------------------------------------
 
@@ -423,6 +457,12 @@ class Runner:
         if not self.cpus:
             raise Unavailable(f"{self.case.id} needs {self.case.cpus} CPUs to pin to; this "
                               f"process may use {sorted(os.sched_getaffinity(0))}")
+        if self.case.helper:
+            from . import smallproc
+
+            why = smallproc.unavailable(self.case.helper)
+            if why is not None:
+                raise Unavailable(f"{self.case.id}: {why}")
         for need in self.case.needs:
             if need == "go":
                 from . import golang
@@ -444,7 +484,12 @@ class Runner:
         case = self.case
         a = self.cpus[0]
         b = self.cpus[-1]  # == a on one CPU
-        if case.family == "python":
+        if case.helper:
+            from . import smallproc
+
+            d = smallproc.run(case.helper, case.family, loops, cpu=a)
+            self.helper_reports.append(d)
+        elif case.family == "python":
             fn: Callable[..., int] = getattr(workloads, case.target)
             kwargs = case.kwargs
             if kwargs.pop("peer", False):
@@ -461,7 +506,7 @@ class Runner:
                     gc.enable()
             waited = w1 - w0 if w0 is not None and w1 is not None else None
             return Sample(elapsed, empty, loops * case.ops_per_loop, waited_ns=waited)
-        if case.family == "native":
+        elif case.family == "native":
             from . import native
 
             d = native.run(case.target, loops, threads=case.kwargs.get("threads", 1), cpu_a=a,
@@ -474,8 +519,8 @@ class Runner:
         waited = d.get("waited_ns")
         s = Sample(int(d["elapsed_ns"]), int(d["empty_ns"]) if case.subtract else 0,
                    int(d["ops"]), int(d["check"]),
-                   waited_ns=int(waited) if case.family == "native" and waited is not None
-                   and waited >= 0 else None)
+                   waited_ns=int(waited) if (case.family == "native" or case.helper)
+                   and waited is not None and waited >= 0 else None)
         expected = s.ops // case.ops_per_loop
         if s.ops < 1 or s.check != expected:
             raise WorkloadError(f"{case.id}: the other side counted {s.check} operations, "
@@ -518,8 +563,10 @@ class Runner:
         self.check_available()
         rounds = rounds or self.case.rounds
         saved = os.sched_getaffinity(0)
-        # Python runs in the calling thread; C's driver and the Go process pin themselves.
-        if self.case.family == "python":
+        # Python runs in the calling thread; C's driver, the Go process and a small-process
+        # helper pin themselves.
+        pin_here = self.case.family == "python" and not self.case.helper
+        if pin_here:
             workloads.pin(self.cpus[0])
         try:
             self.measure(self.case.warm_loops())
@@ -529,7 +576,7 @@ class Runner:
                 for _ in range(rounds):
                     self.one_round()
         finally:
-            if self.case.family == "python":
+            if pin_here:
                 os.sched_setaffinity(0, saved)
         self.extra = self.summary()
         return self.extra
@@ -543,6 +590,8 @@ class Runner:
 
     def pinning(self) -> str:
         c = self.case
+        if c.helper:
+            return f"the helper process on CPU {self.cpus[0]} (and the children it forks)"
         if c.test == "handoff" and c.family != "go":
             if c.cpus == 2:
                 return f"the two parties on CPUs {self.cpus[0]} and {self.cpus[1]}"
@@ -554,7 +603,7 @@ class Runner:
         return f"Go process on CPU {self.cpus[0]}, GOMAXPROCS=1"
 
     def summary(self) -> Dict[str, Any]:
-        from .summary import study_figure
+        from .summary import not_compared_note, study_figure
 
         c = self.case
         per_op = [s.ns_per_op for s in self.samples]
@@ -581,7 +630,9 @@ class Runner:
             "timer": {"python": "time.perf_counter_ns around the loop",
                       "native": "clock_gettime(CLOCK_MONOTONIC) inside C",
                       "go": "time.Now/time.Since inside Go"}[c.family]
-                     + "; pytest-benchmark's round time is the wall time of the whole round",
+                     + (" (in the helper process)" if c.helper else "")
+                     + "; pytest-benchmark's round time is the wall time of the whole round"
+                     + (", the helper's start included" if c.helper else ""),
             "gc": "disabled while timing, as timeit does" if c.family == "python" else None,
             "cpus": list(self.cpus),
             "pinning": self.pinning(),
@@ -600,14 +651,37 @@ class Runner:
             extra["depth"] = c.depth
         if "fork" in c.name or c.name == "mp_process":
             # fork copies the parent's page tables: its cost grows with the parent's memory
-            extra["parent_rss_kib"] = _status_kib("VmRSS")
-            extra["parent_vm_kib"] = _status_kib("VmSize")
+            extra.update(self.forking_process())
         study = study_figure(c)
         if study is not None:
             extra["study_ns"] = study[0]
             extra["study_note"] = study[1]
             extra["ratio_to_study"] = round(med / study[0], 3)
+        else:
+            note = not_compared_note(c)
+            if note is not None:
+                extra["study_note"] = note
         return extra
+
+    def forking_process(self) -> Dict[str, Any]:
+        """What the process that forks is and how big: its resident size, virtual size,
+        page tables (KiB) and mappings; for a helper the largest of its rounds' figures, and
+        the measuring process's own resident size beside them."""
+        here = {"rss_kib": _status_kib("VmRSS"), "vm_kib": _status_kib("VmSize"),
+                "pte_kib": _status_kib("VmPTE"), "maps": _mappings()}
+        if not self.case.helper:
+            return {"forking_process": "the measuring process itself (pytest, or python -m "
+                                       "pyconcbench.micro), in which the loop runs",
+                    **{f"parent_{k}": v for k, v in here.items()}}
+        from . import smallproc
+
+        out: Dict[str, Any] = {
+            "forking_process": smallproc.describe(self.case.helper, self.case.family)}
+        for k in ("rss_kib", "vm_kib", "pte_kib", "maps"):
+            seen = [r[k] for r in self.helper_reports if r.get(k, -1) >= 0]
+            out[f"parent_{k}"] = max(seen) if seen else None
+        out["measuring_process_rss_kib"] = here["rss_kib"]
+        return out
 
     def versions(self) -> Dict[str, Optional[str]]:
         v: Dict[str, Optional[str]] = {"python": platform.python_version()}

@@ -5,6 +5,12 @@ Python 2.7 and 3, Go 1.3) timed whole programs with ``time``; its figures are co
 this suite's operations (a round trip is two swapcontext calls, for example).  Where the
 study gives only a plot (the sched_yield, mutex, Gosched and channel curves, the yield-from
 depth sweep) the figure is read off its text, or left out.
+
+fork is compared like with like only: the study forked a small C program, and fork's cost
+grows with the forking process's memory, so only the rows that fork from a small helper
+process (``-small_c``, the same setting; ``-small_py``, a fresh ~9 MiB Python) carry the
+study's ``s_fork``; the rows that fork the measuring (pytest) process get a note instead
+(``NOT_COMPARED``).
 """
 from __future__ import annotations
 
@@ -23,9 +29,15 @@ STUDY: Dict[Tuple[str, str], Tuple[float, str]] = {
     ("switch", "native-usleep0-t1"): (54740.0, "t_sleep: 54.74 us per usleep(0), one thread"),
     ("switch", "native-usleep0-t100"): (1315.0, "t_sleep: 1315 ns per usleep(0), 100 threads"),
     ("create", "native-pthread_create_join"): (9530.0, "t_thread: 9530 ns per thread create + exit"),
-    ("create", "native-fork_waitpid"): (
-        50980.0, "s_fork: 51 us per fork + exit + wait (46.7 us child first), from a small C program"),
-    ("create", "python-fork_waitpid"): (50980.0, "s_fork (C, small process): 51 us"),
+    ("create", "native-fork_waitpid-small_c"): (
+        50980.0, "s_fork: 51 us per fork + exit + wait (46.7 us child first), from a small C "
+                 "program; like for like: here too a small C program of its own"),
+    ("create", "native-fork_waitpid-small_py"): (
+        50980.0, "s_fork (a small C program): 51 us; here the same C loop in a fresh "
+                 "`python -I -S` process, several times the C program's resident size"),
+    ("create", "python-fork_waitpid-small_py"): (
+        50980.0, "s_fork (a small C program): 51 us; here os.fork() in a fresh `python -I -S` "
+                 "process"),
     ("switch", "python-empty_loop"): (63.2, "py_yield_from: 63.2 ns per loop iteration on py3 (54 on py2)"),
     ("switch", "python-generator_next"): (25.1, "py_yield_from: +25.1 ns per yield on py3 (+22 on py2)"),
     ("depth", "yield_from-d1"): (50.5, "py_yield_from: +50.5 ns per yield from, one level, py3"),
@@ -37,12 +49,27 @@ STUDY: Dict[Tuple[str, str], Tuple[float, str]] = {
     ("switch", "go-gosched-g16384"): (250.0, "g_sched: ~250 ns at 16K goroutines"),
 }
 
+#: (test, case id) -> why the study's figure for the same operation is not compared.
+NOT_COMPARED: Dict[Tuple[str, str], str] = {
+    ("create", "native-fork_waitpid"): (
+        "not compared with s_fork (51 us): this forks the measuring process (pytest, ~50 MiB "
+        "resident), the study a small C program; see native-fork_waitpid-small_c"),
+    ("create", "python-fork_waitpid"): (
+        "not compared with s_fork (51 us): this forks the measuring process (pytest, ~50 MiB "
+        "resident), the study a small C program; see python-fork_waitpid-small_py"),
+}
+
 GROUP_ORDER = ("switch-python", "switch-native", "switch-go", "create", "handoff", "depth-sweep")
 
 
 def study_figure(case: Any) -> Optional[Tuple[float, str]]:
     """The study's ns/op for a Case, when it gives one."""
     return STUDY.get((case.test, case.id))
+
+
+def not_compared_note(case: Any) -> Optional[str]:
+    """Why a Case has no study ratio although the study timed the same operation, or None."""
+    return NOT_COMPARED.get((case.test, case.id))
 
 
 def fmt_ns(ns: Optional[float]) -> str:
@@ -92,6 +119,10 @@ def table(rows: Iterable[Dict[str, Any]]) -> List[str]:
             study = r.get("study_ns")
             ratio = r.get("ratio_to_study")
             notes = [r.get("pinning", "")]
+            if r.get("parent_rss_kib"):
+                notes.append(f"forking process {r['parent_rss_kib'] / 1024:,.1f} MiB resident")
+            if study is None and r.get("study_note"):
+                notes.append("no study ratio: not like for like")
             if r.get("noisy_rounds_kept"):
                 notes.append(f"{r['noisy_rounds_kept']} noisy rounds kept")
             lines.append(f"{r['micro']:<34} {fmt_ns(r['ns_per_op']):>11} "
