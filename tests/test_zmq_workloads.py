@@ -179,16 +179,24 @@ def test_killed_server_process_is_reported_at_once():
 
 
 @pytest.mark.skipif(not TWO_CPUS, reason="needs two CPUs to pin")
-def test_server_process_pinned_and_client_thread_restored():
+@pytest.mark.parametrize("placement", ["1cpu", "2cpu"])
+def test_server_process_pinned_and_client_thread_restored(placement):
     if _unavailable("pyzmq_process"):
         pytest.skip(_unavailable("pyzmq_process"))
     cpus = sorted(os.sched_getaffinity(0))[:2]
     before = os.sched_getaffinity(0)
-    with Session("pyzmq_process", cpus=(cpus[0], cpus[1]), timeout=5) as session:
+    server_cpu = cpus[1] if placement == "1cpu" else cpus[0]
+    with Session("pyzmq_process", cpus=(cpus[0], cpus[1]), placement=placement, timeout=5) as session:
         assert os.sched_getaffinity(0) == {cpus[1]}
-        assert os.sched_getaffinity(session.server_pid) == {cpus[0]}
+        assert os.sched_getaffinity(session.server_pid) == {server_cpu}
         assert session.round(20).requests == 20
-        assert "server process on CPU %d, client thread on CPU %d" % tuple(cpus) in session.pinning
+        if placement == "1cpu":
+            assert session.pinning.startswith("1cpu: client thread, the server process (all its threads) "
+                                              "and every libzmq I/O and reaper thread")
+            assert session.pinning.endswith("on CPU %d" % cpus[1])
+        else:
+            assert session.pinning.startswith("2cpu: client thread on CPU %d; the server process" % cpus[1])
+            assert session.pinning.endswith("on CPU %d" % cpus[0])
     assert os.sched_getaffinity(0) == before
 
 
@@ -246,6 +254,7 @@ def test_server_cli_help():
     (dict(timeout=0), "timeout: expected seconds > 0, got 0"),
     (dict(deadline=float("inf")), "deadline: expected seconds > 0"),
     (dict(cpus=(0, 0)), "cpus: expected two different CPUs"),
+    (dict(placement="3cpu"), "placement: '3cpu' is not one of 1cpu, 2cpu"),
     (dict(fault="silent"), "fault: expected a Fault"),
 ])
 def test_bad_settings(kwargs, message):
@@ -338,9 +347,16 @@ def test_matrix():
     assert pcbzmq.Case("pyzmq_single").group == "zmq-200B-if1"
     assert pcbzmq.Case("pyzmq_single", 1024, 10, "ipc").id == "pyzmq_single-1KiB-if10-ipc"
     assert pcbzmq.Case("pyzmq_single", 1024, 10, "ipc").group == "zmq-1KiB-if10-ipc"
+    for name in pcbzmq.MODES:  # every mode on both placements at the study's scale
+        assert name + "-200B-if1-2cpu" in ids
+    assert not [i for i in ids if i.endswith("-2cpu") and "-200B-if1-" not in i]
+    assert pcbzmq.Case("pyzmq_single", placement="2cpu").group == "zmq-200B-if1-2cpu"
+    assert pcbzmq.Case("pyzmq_single", transport="ipc", placement="2cpu").id == "pyzmq_single-200B-if1-ipc-2cpu"
     full = pcbzmq.cases("full")
-    assert len({c.id for c in full}) == len(pcbzmq.MODES) * 3 * 3 * 2
+    assert len(full) == len({c.id for c in full}) == len(pcbzmq.MODES) * (3 * 3 * 2 + 2)
     assert set(ids) <= {c.id for c in full}
+    assert {c.id for c in full if c.placement == "2cpu"} == {
+        "%s-200B-if1%s-2cpu" % (m, t) for m in pcbzmq.MODES for t in ("", "-ipc")}
     with pytest.raises(ValueError, match="unknown profile"):
         pcbzmq.cases("huge")
 
@@ -358,6 +374,7 @@ def test_benchmark_ids_and_groups(suite):
     ids = [line.split("::", 1)[1] for line in result.stdout.lines if "::" in line]
     assert "test_zmq[pyzmq_single-200B-if1]" in ids
     assert "test_zmq[aiozmq_rpc-uvloop-200B-if1]" in ids
+    assert "test_zmq[pyzmq_single-200B-if1-2cpu]" in ids
     assert len(ids) == len(pcbzmq.cases("quick"))
     full = suite.runpytest_subprocess("--collect-only", "-q", "--pcb-profile", "full")
     assert sum("::" in line for line in full.stdout.lines) == len(pcbzmq.cases("full"))
@@ -380,4 +397,11 @@ def test_small_benchmark_run(suite):
     assert info["requests_per_round"] == 200 and len(info["rounds"]) == 3
     assert info["requests_per_s"] > 0 and 0 < info["latency_p50_us"] <= info["latency_p99_us"]
     assert info["study_requests_per_s"] == 9895
+    assert info["placement"] in ("1cpu", "off")
+    if info["placement"] == "1cpu":  # every thread of the measurement on the one CPU, read back
+        roles = {t["role"] for t in info["threads"]}
+        assert roles == {"client", "in-process"}
+        assert {t["name"] for t in info["threads"]} >= {"ZMQbg/IO/0", "ZMQbg/Reaper"}
+        assert len({tuple(t["cpus"]) for t in info["threads"]}) == 1
+        assert len(info["threads"][0]["cpus"]) == 1
     assert "pyzmq" in info["versions"]

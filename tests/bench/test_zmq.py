@@ -2,15 +2,27 @@
 
 One pytest-benchmark round is one timed loop of N verified requests on sockets opened (and
 warmed up) before the first round.  Ids read ``test_zmq[aiozmq_rpc-uvloop-200B-if1]``
-(``-ipc`` appended over ipc://), groups ``zmq-200B-if1`` so each table compares the modes on
-the same work.  Requests/s, latency percentiles, CPU per request and every round's own figures
-are in ``extra_info``.
+(``-ipc`` appended over ipc://, then ``-2cpu`` for the 2cpu placement), groups
+``zmq-200B-if1`` (``zmq-200B-if1-2cpu``) so each table compares the modes on the same work and
+the same thread placement.  Requests/s, latency percentiles, CPU per request, the placement and
+every thread of the measurement with its CPUs (read back from /proc after the warm-up), and
+every round's own figures are in ``extra_info``.
 
-A round is noisy, as in the echo suite, when a fixed loop timed on either pinned CPU before or
-after it ran more than 1.15x slower than its best (the host's slow spells), when other processes
-used more than a quarter of a CPU during it, or when the cache-line round trip between the two pinned CPUs, probed before and
-after it, was well above the quiet machine's (a VM whose virtual CPUs the host placed apart,
-or that shares them: every cross-CPU wake-up is dearer then).  A noisy round is measured
+Thread placement (``pyconcbench.zmq.Session``): by default (``1cpu``) every thread of the
+measurement -- the client, an in-process server thread, the server process and its threads,
+every libzmq I/O and reaper thread -- runs on the load-generator CPU of ``--pcb-cpus``, like
+the switch suite's ``-1cpu``: the library's cost, not the VM's cross-CPU wake-ups.  The
+``-2cpu`` rows keep the client thread there and put everything else on the server CPU: the
+cross-CPU cost.  With ``--pcb-cpus none`` nothing is pinned and the ``-2cpu`` rows are skipped
+(they would be the 1cpu rows again).
+
+A round is noisy, as in the echo suite, when a fixed loop timed on a CPU the round runs on
+(both pinned CPUs under 2cpu, the client CPU under 1cpu: ``noise_cpus`` in ``extra_info``)
+before or after it ran more than 1.15x slower than its best (the host's slow spells), when
+other processes used more than a quarter of a CPU during it, or (2cpu only) when the cache-line
+round trip between the two pinned CPUs, probed before and after it, was well above the quiet
+machine's (a VM whose virtual CPUs the host placed apart, or that shares them: every
+cross-CPU wake-up is dearer then).  A noisy round is measured
 again, up to ``--pcb-noise-retries`` times; pytest-benchmark's timer (``ROUND_CLOCK``) leaves
 the probes and the rejected tries out, and ``extra_info`` keeps them.
 
@@ -59,25 +71,37 @@ def test_zmq(zmq_case, benchmark, pcb_settings, pcb_probe_baseline, pcb_speed_ga
     rounds = pcb_settings.rounds or PROFILES[pcb_settings.profile]().rounds
     retries = pcb_settings.noise_retries
     cpus = pcb_settings.cpus
+    if cpus is None and zmq_case.placement != pcbzmq.DEFAULT_PLACEMENT:
+        pytest.skip("pinning off (--pcb-cpus none): the %s placement needs two CPUs" % zmq_case.placement)
     session = pcbzmq.Session(zmq_case.mode, size=zmq_case.size, inflight=zmq_case.inflight,
                              transport=zmq_case.transport, timeout=pcb_settings.stall_timeout,
-                             cpus=cpus)
+                             cpus=cpus, placement=zmq_case.placement)
     results, records, rejected = [], [], []
 
+    # The CPUs the measurement runs on: a slow spell elsewhere, or the cache-line round trip
+    # between the two CPUs, cannot touch a 1cpu round.
+    used = (cpus[1],) if cpus and zmq_case.placement == "1cpu" else tuple(cpus or ())
+    crosses = len(used) == 2
+
     def probe():
-        return machine.cacheline_rtt(cpus[0], cpus[1]) if cpus else None
+        return machine.cacheline_rtt(cpus[0], cpus[1]) if crosses else None
+
+    def speed():
+        if not pcb_speed_gauge:
+            return None
+        return {cpu: ns for cpu, ns in pcb_speed_gauge.probe().items() if cpu in used}
 
     def one_round():
         entered = time.perf_counter()
         for attempt in range(retries + 1):
             retry_pause(attempt)
-            speed_before = pcb_speed_gauge.probe() if pcb_speed_gauge else None
+            speed_before = speed()
             before = probe()
             started = time.perf_counter()
             result = session.round(requests)
             finished = time.perf_counter()
             after = probe()
-            speed_after = pcb_speed_gauge.probe() if pcb_speed_gauge else None
+            speed_after = speed()
             note = noise_reason(pcb_speed_gauge, (speed_before, speed_after), pcb_probe_baseline, (before, after),
                                 result.other_cpu, result.elapsed)
             record = {"probe_before_ns": _ns(before), "probe_after_ns": _ns(after), "noisy": note or None,
@@ -111,6 +135,7 @@ def test_zmq(zmq_case, benchmark, pcb_settings, pcb_probe_baseline, pcb_speed_ga
     for summary, record in zip(info["rounds"], records):
         summary.update(record)
     info["probe_baseline_ns"] = _ns(pcb_probe_baseline)
+    info["noise_cpus"] = list(used)
     info["noisy_rounds_kept"] = sum(1 for record in records if record["noisy"])
     info["noisy_rounds_rejected"] = len(rejected)
     info["rejected_rounds"] = rejected

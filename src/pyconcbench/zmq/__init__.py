@@ -17,6 +17,17 @@ For several rounds on the same sockets (what the benchmarks do)::
         s.warmup(500)
         results = [s.round(5000) for _ in range(5)]
 
+Thread placement (``placement``, with ``cpus`` = (server CPU, client CPU)): ``1cpu``, the
+default, puts every thread of the measurement on the client CPU -- the client thread, the
+server (the same thread, its own thread, or its process), every libzmq I/O and reaper thread
+-- so a request never waits for a wake-up on another CPU (threads hand over on the one CPU
+instead), and the figures are the library's, not the VM's (a cross-vCPU wake-up can cost tens
+of µs and dominate; aiozmq's own ``benchmarks/simple.py`` is run pinned to one CPU for the
+same reason).  ``2cpu`` keeps the client thread on the client CPU
+and puts everything else on the server CPU: the cross-CPU cost, as a labelled variant
+(``-2cpu`` in the case id).  ``cpus=None``: nothing pinned.  ``Session.threads()`` reads every
+thread's CPUs back from /proc (see ``_placement``).
+
 Modes (``MODES``; the ``-uvloop`` ones run the same code on uvloop instead of asyncio's
 default loop) are listed with ``python -c "import pyconcbench.zmq as z; print(*z.MODES)"``.
 A mode whose dependency is missing, or does not import on this Python, raises
@@ -39,18 +50,23 @@ import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
+from . import _placement
 from ._common import FAULT_KINDS, ID, Fault, Ledger, RoundError, Spec, Unavailable
+from ._placement import DEFAULT_PLACEMENT, PLACEMENTS
 
 __all__ = [
     "Case",
+    "DEFAULT_PLACEMENT",
     "FAULT_KINDS",
     "Fault",
     "MODES",
     "Mode",
+    "PLACEMENTS",
     "RoundError",
     "RoundResult",
     "STUDY",
@@ -316,19 +332,29 @@ def _size_label(size: int) -> str:
 
 @dataclass(frozen=True)
 class Case:
-    """One benchmark: a mode at a payload size, requests in flight and transport.
-    ``id`` (``aiozmq_rpc-uvloop-200B-if1``, ``-ipc`` appended for ipc) is the baseline key;
-    ``group`` (``zmq-200B-if1``) puts the modes doing the same work side by side."""
+    """One benchmark: a mode at a payload size, requests in flight, transport and thread
+    placement.  ``id`` (``aiozmq_rpc-uvloop-200B-if1``; ``-ipc`` appended for ipc, then
+    ``-2cpu`` for the 2cpu placement) is the baseline key; ``group`` (``zmq-200B-if1``,
+    ``zmq-200B-if1-2cpu``) puts the modes doing the same work on the same placement side by
+    side."""
 
     mode: str
     size: int = DEFAULT_SIZE
     inflight: int = 1
     transport: str = "tcp"
+    placement: str = DEFAULT_PLACEMENT
+
+    def __post_init__(self) -> None:
+        if self.placement not in PLACEMENTS:
+            raise ValueError("placement: %r is not one of %s" % (self.placement, ", ".join(PLACEMENTS)))
 
     @property
     def scale(self) -> str:
+        """The work without the mode: ``200B-if1``, ``200B-if1-ipc``, ``200B-if1-2cpu``."""
         label = "%s-if%d" % (_size_label(self.size), self.inflight)
-        return label if self.transport == "tcp" else label + "-" + self.transport
+        if self.transport != "tcp":
+            label += "-" + self.transport
+        return label if self.placement == DEFAULT_PLACEMENT else label + "-" + self.placement
 
     @property
     def id(self) -> str:
@@ -350,14 +376,19 @@ INFLIGHTS = (1, 10, 100)
 
 
 def cases(profile: str = "quick") -> Tuple[Case, ...]:
-    """The benchmark matrix.  ``quick``: every mode at 200 B, 1 in flight, TCP (the study),
-    plus every mode at 100 in flight and over ipc, and 64 KiB for the fastest and slowest of
-    each family.  ``full``: every mode x 200 B, 1 KiB, 64 KiB x 1, 10, 100 in flight x tcp, ipc."""
+    """The benchmark matrix, on the ``1cpu`` placement unless ``-2cpu`` is said.  ``quick``:
+    every mode at 200 B, 1 in flight, TCP (the study), on 1cpu and on 2cpu, plus every mode at
+    100 in flight and over ipc, and 64 KiB for the fastest and slowest of each family.
+    ``full``: every mode x 200 B, 1 KiB, 64 KiB x 1, 10, 100 in flight x tcp, ipc, and every
+    mode at 200 B, 1 in flight on 2cpu over tcp and ipc."""
     if profile == "full":
-        return tuple(Case(m, s, k, t) for t in TRANSPORTS for s in SIZES for k in INFLIGHTS for m in MODES)
+        out = [Case(m, s, k, t) for t in TRANSPORTS for s in SIZES for k in INFLIGHTS for m in MODES]
+        out += [Case(m, transport=t, placement="2cpu") for t in TRANSPORTS for m in MODES]
+        return tuple(out)
     if profile != "quick":
         raise ValueError("unknown profile %r (quick, full)" % (profile,))
     out = [Case(m) for m in MODES]
+    out += [Case(m, placement="2cpu") for m in MODES]
     out += [Case(m, inflight=100) for m in MODES]
     out += [Case(m, transport="ipc") for m in MODES]
     out += [Case(m, size=64 * 1024) for m in ("pyzmq_single", "zmq_asyncio-uvloop", "aiozmq_rpc")]
@@ -381,10 +412,23 @@ def _check_seconds(name: str, value: Any) -> float:
 class Session:
     """One mode's sockets (and server thread, process or task), open across rounds.
 
-    ``cpus`` = (server CPU, client CPU) or None: the calling thread is pinned to the client
-    CPU from ``open()`` to ``close()`` (affinity restored after); the ``pyzmq_process`` server
-    runs on the server CPU.  The server thread of ``pyzmq_thread`` and libzmq's I/O threads
-    are not pinned.  Use a session from the thread that opened it.
+    ``cpus`` = (server CPU, client CPU) or None (nothing pinned), and ``placement``:
+
+    - ``1cpu`` (default): every thread of the measurement on the client CPU -- this thread
+      (the client), the server (this same thread, its own thread, or its process and that
+      process's threads) and every libzmq I/O and reaper thread (the client's and the
+      server's);
+    - ``2cpu``: this thread on the client CPU, every other thread of the measurement on the
+      server CPU.
+
+    ``open()`` pins this thread to the CPU the other threads belong on *before* the workload
+    starts, so everything the workload and libzmq create inherits it (and the contexts made
+    here ask libzmq to pin their I/O threads there too); under 2cpu it then moves this thread
+    to the client CPU.  Every thread that appeared in this process during ``open()``, and the
+    server process's, are then pinned explicitly, and again after ``warmup()`` (threads a
+    library starts lazily, e.g. an executor); ``warmup()`` raises RoundError when a thread of
+    the measurement is not where the placement puts it.  ``close()`` restores this thread's
+    affinity.  Use a session from the thread that opened it.
 
     ``timeout``: the longest wait for any reply (or for a request to be queued) before the
     round fails; ``deadline``: the longest a round may take (default max(120 s, 10 x timeout)).
@@ -394,7 +438,7 @@ class Session:
     def __init__(self, mode: Union[str, Mode], *, size: int = DEFAULT_SIZE, inflight: int = 1,
                  transport: str = "tcp", timeout: float = DEFAULT_TIMEOUT,
                  deadline: Optional[float] = None, cpus: Optional[Tuple[int, int]] = None,
-                 fault: Optional[Fault] = None) -> None:
+                 placement: str = DEFAULT_PLACEMENT, fault: Optional[Fault] = None) -> None:
         self.mode = get_mode(mode)
         self.size = _check_int("size", size, MIN_SIZE, MAX_SIZE)
         self.inflight = _check_int("inflight", inflight, 1, MAX_INFLIGHT)
@@ -412,6 +456,9 @@ class Session:
                                  % (allowed, cpus))
             cpus = (cpus[0], cpus[1])
         self.cpus = cpus
+        if placement not in PLACEMENTS:
+            raise ValueError("placement: %r is not one of %s" % (placement, ", ".join(PLACEMENTS)))
+        self.placement = placement
         if fault is not None and not isinstance(fault, Fault):
             raise ValueError("fault: expected a Fault, got %r" % (fault,))
         self.fault = fault
@@ -420,6 +467,9 @@ class Session:
         self._tmpdir: Optional[str] = None
         self._saved_affinity: Optional[set] = None
         self._failed: Optional[str] = None
+        self._client_tid: Optional[int] = None
+        self._tids_before: set = set()
+        self._threads_seen: Optional[List[Dict[str, Any]]] = None
 
     def __repr__(self) -> str:
         state = "open" if self._workload is not None else "closed"
@@ -427,23 +477,48 @@ class Session:
 
     @property
     def case(self) -> Case:
-        return Case(self.mode.name, self.size, self.inflight, self.transport)
+        return Case(self.mode.name, self.size, self.inflight, self.transport, self.placement)
+
+    @property
+    def client_cpu(self) -> Optional[int]:
+        """The CPU of the calling (client) thread; None when nothing is pinned."""
+        return self.cpus[1] if self.cpus else None
+
+    @property
+    def others_cpu(self) -> Optional[int]:
+        """The CPU of every other thread of the measurement: the client CPU under 1cpu, the
+        server CPU under 2cpu; None when nothing is pinned."""
+        if self.cpus is None:
+            return None
+        return self.cpus[1] if self.placement == "1cpu" else self.cpus[0]
 
     @property
     def pinning(self) -> str:
         """Where the client and server run, in words (saved with the results)."""
         if self.cpus is None:
             return "pinning off"
-        server, client = self.cpus
+        client, others = self.client_cpu, self.others_cpu
+        zmq_threads = "every libzmq I/O and reaper thread"
         if not self.mode.in_process:
-            return ("server process on CPU %d, client thread on CPU %d; the client's libzmq I/O "
-                    "thread not pinned" % (server, client))
-        if self.mode.workload == "pyzmq_thread":
-            return "client thread on CPU %d; server thread and libzmq I/O threads not pinned" % client
-        return "client and server (one thread) on CPU %d; libzmq I/O threads not pinned" % client
+            server = "the server process (all its threads)"
+            zmq_threads += " (the client's and the server's)"
+        elif self.mode.workload == "pyzmq_thread":
+            server = "the server thread"
+        else:
+            server = None  # the client's own thread or event loop
+        if self.placement == "1cpu":
+            if server is None:
+                return "1cpu: client and server (one thread) and %s on CPU %d" % (zmq_threads, client)
+            return "1cpu: client thread, %s and %s on CPU %d" % (server, zmq_threads, client)
+        if server is None:
+            return ("2cpu: client and server (one thread) on CPU %d; %s on CPU %d"
+                    % (client, zmq_threads, others))
+        return "2cpu: client thread on CPU %d; %s and %s on CPU %d" % (client, server, zmq_threads, others)
 
     def describe(self) -> Dict[str, Any]:
-        """The session's settings as plain values."""
+        """The session's settings as plain values; ``placement`` is ``1cpu``, ``2cpu`` or
+        ``off`` (cpus None), ``threads`` every thread of the measurement as read back after the
+        warm-up (None before one)."""
         mode = self.mode
         return {
             "mode": mode.name,
@@ -453,7 +528,9 @@ class Session:
             "inflight": self.inflight,
             "transport": self.transport,
             "timeout": self.timeout,
+            "placement": self.placement if self.cpus else "off",
             "pinning": self.pinning,
+            "threads": self._threads_seen,
             "study_requests_per_s": mode.study_requests_per_s,
             "versions": versions(),
             "python": _python(),
@@ -467,27 +544,35 @@ class Session:
         if self._workload is not None:
             raise RuntimeError("session already open")
         cls = self.mode.load()
+        others = self.others_cpu
+        self._client_tid = threading.get_native_id()
+        self._tids_before = _placement.tids()
+        self._threads_seen = None
         if self.transport == "ipc":
             self._tmpdir = tempfile.mkdtemp(prefix="pcb-zmq-")
         spec = Spec(mode=self.mode.name, workload=self.mode.workload, loop=self.mode.loop,
                     size=self.size, inflight=self.inflight, transport=self.transport,
-                    timeout=self.timeout, ipc_dir=self._tmpdir,
-                    server_cpu=self.cpus[0] if self.cpus else None, fault=self.fault)
+                    timeout=self.timeout, ipc_dir=self._tmpdir, server_cpu=others,
+                    fault=self.fault, io_cpu=others)
         workload = cls(spec)
         try:
+            if others is not None:
+                self._saved_affinity = os.sched_getaffinity(0)
+                # Before start(): every thread libzmq and the workload create (and the server
+                # process) inherits this CPU.
+                os.sched_setaffinity(0, {others})
             workload.start()
         except BaseException:
+            self._restore_affinity()
             self._remove_tmpdir()
             raise
         self._workload = workload
         self._ledger = Ledger(self.mode.name, self.size, self.timeout, self.deadline)
         self._failed = None
-        if self.cpus is not None:
-            # After the setup, so libzmq's I/O threads (started with the first socket) keep
-            # the whole mask and only this thread moves.
+        if others is not None:
             try:
-                self._saved_affinity = os.sched_getaffinity(0)
-                os.sched_setaffinity(0, {self.cpus[1]})
+                os.sched_setaffinity(0, {self.client_cpu})
+                self._place()
             except BaseException:
                 self.close()
                 raise
@@ -501,10 +586,13 @@ class Session:
             if workload is not None:
                 workload.stop()
         finally:
-            if self._saved_affinity is not None:
-                os.sched_setaffinity(0, self._saved_affinity)
-                self._saved_affinity = None
+            self._restore_affinity()
             self._remove_tmpdir()
+
+    def _restore_affinity(self) -> None:
+        if self._saved_affinity is not None:
+            os.sched_setaffinity(0, self._saved_affinity)
+            self._saved_affinity = None
 
     def _remove_tmpdir(self) -> None:
         if self._tmpdir is not None:
@@ -518,6 +606,59 @@ class Session:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         self.close()
+
+    # -- placement -------------------------------------------------------------------------
+
+    def _measurement_tasks(self) -> List[Tuple[str, "_placement.Task"]]:
+        """(role, thread) for every thread of the measurement now: ``client`` (the calling
+        thread), ``in-process`` (every thread of this process that appeared since open()
+        began: libzmq's, a server thread, anything a library started), ``server process``."""
+        out: List[Tuple[str, _placement.Task]] = []
+        for task in _placement.tasks():
+            if task.tid == self._client_tid:
+                out.append(("client", task))
+            elif task.tid not in self._tids_before:
+                out.append(("in-process", task))
+        pid = self.server_pid
+        if pid:
+            out += [("server process", task) for task in _placement.tasks(pid)]
+        return out
+
+    def threads(self) -> List[Dict[str, Any]]:
+        """Every thread of the measurement now, read back from /proc: role (``client``,
+        ``in-process``, ``server process``), pid, tid, name (``ZMQbg/IO/0``, ...), the CPUs it
+        may run on, and the CPUs the placement wants (None when nothing is pinned).  Empty
+        while the session is closed."""
+        if self._workload is None:
+            return []
+        out = []
+        for role, task in self._measurement_tasks():
+            want = self._wanted(role)
+            out.append({"role": role, "pid": task.pid, "tid": task.tid, "name": task.name,
+                        "cpus": sorted(task.cpus), "expected": None if want is None else [want]})
+        return out
+
+    def _wanted(self, role: str) -> Optional[int]:
+        return self.client_cpu if role == "client" else self.others_cpu
+
+    def misplaced(self) -> List[str]:
+        """The threads of the measurement that are not where the placement puts them (empty
+        when nothing is pinned)."""
+        if self.cpus is None:
+            return []
+        return ["%s thread %s (tid %d) on CPUs %s, expected %d"
+                % (t["role"], t["name"], t["tid"], _placement.format_cpus(t["cpus"]), t["expected"][0])
+                for t in self.threads() if t["cpus"] != t["expected"]]
+
+    def _place(self) -> None:
+        """Pins every thread of the measurement but this one to ``others_cpu`` (they should be
+        there already: this catches threads started lazily after open())."""
+        others = self.others_cpu
+        if others is None:
+            return
+        for role, task in self._measurement_tasks():
+            if role != "client" and task.cpus != {others}:
+                _placement.pin(task.tid, others)
 
     # -- rounds ----------------------------------------------------------------------------
 
@@ -566,14 +707,25 @@ class Session:
 
     def warmup(self, requests: int) -> None:
         """Runs requests that are not measured (connections, caches, the JIT-less interpreter's
-        own warm-up)."""
+        own warm-up), then places any thread started since open() and reads every thread of
+        the measurement back (``describe()["threads"]``): RoundError if one is not where the
+        placement puts it."""
         self.round(requests)
+        self._place()
+        self._threads_seen = [{"role": t["role"], "name": t["name"], "cpus": t["cpus"]}
+                              for t in self.threads()]
+        wrong = self.misplaced()
+        if wrong:
+            self._failed = "placement %s not held" % self.placement
+            raise RoundError("%s: the %s placement does not hold: %s"
+                             % (self.mode.name, self.placement, "; ".join(wrong)))
 
 
 def run_round(mode: Union[str, Mode], requests: int, size: int = DEFAULT_SIZE, inflight: int = 1,
               transport: str = "tcp", timeout: float = DEFAULT_TIMEOUT, **options: Any) -> RoundResult:
     """Opens a session, runs one round of ``requests`` and closes it (``options``: ``cpus``,
-    ``deadline``, ``fault``, and ``warmup``, a number of unmeasured requests first)."""
+    ``placement``, ``deadline``, ``fault``, and ``warmup``, a number of unmeasured requests
+    first)."""
     warmup = options.pop("warmup", 0)
     with Session(mode, size=size, inflight=inflight, transport=transport, timeout=timeout, **options) as session:
         if warmup:

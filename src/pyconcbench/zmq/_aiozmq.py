@@ -13,7 +13,7 @@ import aiozmq
 import zmq
 
 from ._asyncio import Loop
-from ._common import FaultyEcho, Ledger, RoundError, Spec, bind, run_bounded
+from ._common import FaultyEcho, Ledger, RoundError, Spec, bind, new_context, run_bounded
 
 #: How long closing the transports may take before the sockets are closed by force.
 CLOSE_TIMEOUT = 5.0
@@ -97,7 +97,7 @@ class AiozmqCore(Loop):
         self.client: Any = None
 
     async def _setup(self) -> None:
-        self.ctx = zmq.Context()
+        self.ctx = new_context(self.spec)
         rsock = self.ctx.socket(zmq.ROUTER)
         self.socks.append(rsock)
         rsock.setsockopt(zmq.LINGER, 0)

@@ -3,20 +3,26 @@ loop (asyncio's default loop or uvloop), and a method that returns its argument,
 per request (with k in flight: k coroutines calling concurrently).  The argument is the
 request: its id, then the payload.
 
-aiozmq.rpc's public API takes its sockets from pyzmq's global ``zmq.Context.instance()``: this
-workload terminates that context after closing its sockets, unless other sockets still live on
-it.
+aiozmq.rpc's public API takes its sockets from pyzmq's global ``zmq.Context.instance()``.  A
+global context made earlier (by anything in the process) would have started its I/O threads
+wherever its first socket was made, outside the session's placement; so this workload makes
+its own context (in ``start()``, where the session has placed the calling thread) and installs
+it as ``zmq.Context.instance()`` only while ``serve_rpc`` and ``connect_rpc`` make their
+sockets, then puts back whatever instance there was.  It terminates its own context at the
+end and leaves the global one alone.
 """
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+import contextlib
+import os
+from typing import Any, Iterator
 
 import aiozmq.rpc
 import zmq
 
 from ._aiozmq import CLOSE_TIMEOUT, Loop
-from ._common import IPC_NAME, LOOPBACK, FaultyEcho, Ledger, Spec, run_bounded
+from ._common import IPC_NAME, LOOPBACK, FaultyEcho, Ledger, Spec, new_context, run_bounded
 
 
 class _EchoHandler(aiozmq.rpc.AttrHandler):
@@ -37,13 +43,34 @@ class _FaultyHandler(aiozmq.rpc.AttrHandler):
         return out
 
 
+@contextlib.contextmanager
+def _as_global_instance(ctx: Any) -> Iterator[None]:
+    """``zmq.Context.instance()`` returns ``ctx`` inside the block (pyzmq keeps the instance
+    and the pid it was made in as class attributes); the earlier instance is put back after."""
+    cls = zmq.Context
+    saved = cls.__dict__.get("_instance"), cls.__dict__.get("_instance_pid")
+    with cls._instance_lock:
+        cls._instance, cls._instance_pid = ctx, os.getpid()
+    try:
+        yield
+    finally:
+        with cls._instance_lock:
+            cls._instance, cls._instance_pid = saved
+
+
 class AiozmqRpc(Loop):
     def __init__(self, spec: Spec) -> None:
         super().__init__(spec)
+        self.ctx: Any = None
         self.server: Any = None
         self.client: Any = None
 
     async def _setup(self) -> None:
+        self.ctx = new_context(self.spec)
+        with _as_global_instance(self.ctx):
+            await self._serve_and_connect()
+
+    async def _serve_and_connect(self) -> None:
         spec = self.spec
         if spec.transport == "tcp":
             where = "tcp://%s:*" % LOOPBACK  # the kernel picks the port, as bind_to_random_port
@@ -93,9 +120,11 @@ class AiozmqRpc(Loop):
                     pass
 
     def _release(self) -> None:
-        # The services' sockets came from the global context: terminate it unless something
-        # else still has a socket open on it (term() would then wait for that socket forever).
-        ctx = zmq.Context.instance()
-        live = [s for s in list(getattr(ctx, "_sockets", None) or ()) if not s.closed]
-        if not live and not ctx.closed:
-            ctx.term()
+        # The services' sockets are closed (by _teardown, or below after a failed setup).
+        ctx = self.ctx
+        if ctx is None or ctx.closed:
+            return
+        for sock in list(getattr(ctx, "_sockets", None) or ()):
+            if not sock.closed:
+                sock.close(linger=0)
+        ctx.term()

@@ -12,7 +12,7 @@ from typing import Any, Optional
 import zmq
 import zmq.asyncio
 
-from ._common import FaultyEcho, Ledger, RoundError, Spec, bind, close_loop, new_loop, run_bounded
+from ._common import FaultyEcho, Ledger, RoundError, Spec, bind, close_loop, new_context, new_loop, run_bounded
 
 
 class Loop:
@@ -65,7 +65,7 @@ class ZmqAsyncio(Loop):
         self.server: Optional[asyncio.Future] = None
 
     async def _setup(self) -> None:
-        self.ctx = zmq.asyncio.Context()
+        self.ctx = new_context(self.spec, zmq.asyncio.Context)
         self.router = self.ctx.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.LINGER, 0)
         endpoint = bind(self.router, self.spec)

@@ -6,10 +6,12 @@
   send/recv (with k in flight: a window, a new request per reply);
 - ``pyzmq_thread``: the server in its own thread of this process, the client a window;
 - ``pyzmq_process``: the server in its own process (``python -m pyconcbench.zmq.server``),
-  pinned to the server CPU and orphan-proof, the client a window.
+  pinned (with its libzmq threads) to the CPU the session's placement gives it, and
+  orphan-proof; the client a window.
 
-Every socket has LINGER 0 and every blocking call a timeout; each workload terminates its
-own context.
+Every socket has LINGER 0 and every blocking call a timeout; each workload creates and
+terminates its own context (in ``start()``, where the session has placed the calling thread;
+see ``_placement``).
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ from typing import Any, Callable, Optional
 
 import zmq
 
-from ._common import FaultyEcho, Ledger, RoundError, Spec, Unavailable, bind
+from ._common import FaultyEcho, Ledger, RoundError, Spec, Unavailable, bind, new_context
 
 #: How long a server (thread or process) may take to bind and announce itself.
 READY_TIMEOUT = 15.0
@@ -93,7 +95,7 @@ class _OneThread:
         self.server_pid: Optional[int] = None
 
     def start(self) -> None:
-        self.ctx = zmq.Context()
+        self.ctx = new_context(self.spec)
         try:
             self.router = _socket(self.ctx, zmq.ROUTER)
             self.router.setsockopt(zmq.RCVTIMEO, self.spec.timeout_ms)
@@ -229,7 +231,7 @@ class Thread:
         self._error: Optional[str] = None
 
     def start(self) -> None:
-        self.ctx = zmq.Context()
+        self.ctx = new_context(self.spec)
         try:
             self._thread = threading.Thread(target=self._serve, name="pcb-zmq-server", daemon=True)
             self._thread.start()
@@ -321,7 +323,7 @@ def _reap(proc: subprocess.Popen, stderr: Any) -> None:
 
 class Process:
     """``pyzmq_process``: the ROUTER in a child process (``python -m pyconcbench.zmq.server``)
-    pinned to the server CPU; it dies with this process's thread that started it
+    pinned to ``spec.server_cpu`` (the client CPU under the ``1cpu`` placement); it dies with this process's thread that started it
     (PR_SET_PDEATHSIG) and is killed on any error here.  The DEALER in the calling thread."""
 
     def __init__(self, spec: Spec) -> None:
@@ -361,7 +363,7 @@ class Process:
         self._finalizer = weakref.finalize(self, _reap, self.proc, self._stderr)
         try:
             endpoint = self._wait_ready()
-            self.ctx = zmq.Context()
+            self.ctx = new_context(self.spec)
             self.dealer = _socket(self.ctx, zmq.DEALER)
             self.dealer.setsockopt(zmq.RCVTIMEO, self.spec.check_ms)
             self.dealer.setsockopt(zmq.SNDTIMEO, self.spec.timeout_ms)

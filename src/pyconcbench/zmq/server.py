@@ -29,7 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--ipc-dir", metavar="DIR", default=None,
                         help="directory for the ipc:// socket (required with --transport ipc)")
     parser.add_argument("--cpu", metavar="N", type=int, default=None,
-                        help="pin the process to CPU N before creating the context. Default: no pinning")
+                        help="pin the process, and with it libzmq's I/O and reaper threads, to CPU N "
+                             "before creating the context. Default: no pinning")
     parser.add_argument("--fault", metavar="KIND[@AFTER]", default=None,
                         help="misbehave after AFTER good replies (tests): wrong_id, wrong_payload, silent, exit")
     return parser
@@ -55,7 +56,7 @@ def main(argv=None) -> int:
     if not _arm_parent_death():
         return EXIT_FAILED
 
-    from pyconcbench.zmq._common import Fault, FaultyEcho, Spec, bind
+    from pyconcbench.zmq._common import Fault, FaultyEcho, Spec, bind, new_context
 
     try:
         fault = Fault.parse(args.fault) if args.fault else None
@@ -83,8 +84,9 @@ def main(argv=None) -> int:
         signal.signal(signum, on_signal)
 
     spec = Spec(mode="pyzmq_process", workload="pyzmq_process", loop=None, size=1, inflight=1,
-                transport=args.transport, timeout=1.0, ipc_dir=args.ipc_dir)
-    ctx = zmq.Context()  # after pinning: its I/O thread runs on the server CPU too
+                transport=args.transport, timeout=1.0, ipc_dir=args.ipc_dir, io_cpu=args.cpu)
+    # After pinning: its I/O and reaper threads start on that CPU (and libzmq pins them there).
+    ctx = new_context(spec)
     router = None
     try:
         router = ctx.socket(zmq.ROUTER)
