@@ -358,22 +358,42 @@ def zmq_section(zmq: Sequence[Dict[str, Any]]) -> Optional[Section]:
     groups: Dict[str, List[Dict[str, Any]]] = {}
     for b in zmq:
         groups.setdefault(b.get("group") or "", []).append(b["extra_info"])
+    by_mode: Dict[Tuple[Any, ...], Dict[str, Any]] = {}
+    for infos in groups.values():
+        for i in infos:
+            by_mode[(i.get("mode"), i.get("size"), i.get("inflight"), i.get("transport"), i.get("placement"))] = i
     for group in sorted(groups):
         infos = sorted(groups[group], key=lambda i: -i.get("requests_per_s", 0))
         fastest = infos[0].get("requests_per_s") or 0
-        rows = []
-        for i in infos:
-            rows.append([i.get("mode", "?"), f"{i['requests_per_s']:,.0f}{spread(i, 'requests_per_s')}",
-                         fmt_f(i["requests_per_s"] / fastest, ".2f") if fastest else "-",
-                         fmt_f(i.get("latency_p50_us"), ",.1f"), fmt_f(i.get("latency_p99_us"), ",.1f"),
-                         fmt_f(i.get("cpu_us_per_req"), ".2f")])
         first = infos[0]
+        placement = first.get("placement")
+        two = [by_mode.get((i.get("mode"), i.get("size"), i.get("inflight"), i.get("transport"), "2cpu"))
+               for i in infos] if placement == "1cpu" else []
+        show_two = any(two)
+        rows = []
+        for n, i in enumerate(infos):
+            row = [i.get("mode", "?"), f"{i['requests_per_s']:,.0f}{spread(i, 'requests_per_s')}",
+                   fmt_f(i["requests_per_s"] / fastest, ".2f") if fastest else "-",
+                   fmt_f(i.get("latency_p50_us"), ",.1f"), fmt_f(i.get("latency_p99_us"), ",.1f"),
+                   fmt_f(i.get("cpu_us_per_req"), ".2f"), fmt_int(i.get("study_requests_per_s"))]
+            if show_two:
+                other = two[n]
+                row += [fmt_int(other.get("requests_per_s")) if other else "",
+                        fmt_f(i["requests_per_s"] / other["requests_per_s"], ".2f")
+                        if other and other.get("requests_per_s") else ""]
+            rows.append(row)
         where = (f"{size_label(first.get('size', 0))} requests, {first.get('inflight', '?')} in flight, "
                  f"{first.get('transport', '?')}")
-        sec.tables.append(Table(f"{group}: {where}",
-                                ["mode", "requests/s", "x fastest", "p50 µs", "p99 µs", "client CPU µs/req"], rows,
+        place = {"1cpu": "1cpu: every thread on one CPU", "2cpu": "2cpu: client thread on one CPU, the rest on "
+                 "the other", "off": "pinning off", None: "client thread only pinned (before placement)"}
+        head = ["mode", "requests/s", "x fastest", "p50 µs", "p99 µs", "client CPU µs/req", "study req/s"]
+        if show_two:
+            head += ["2cpu req/s", "1cpu ÷ 2cpu"]
+        sec.tables.append(Table(f"{group}: {where} — {place.get(placement, placement)}", head, rows,
                                 "requests/s over all rounds, ± the 95 % interval of the per-round mean; "
-                                "latency from request sent to verified reply received"))
+                                "latency from request sent to verified reply received; study: the aiozmq "
+                                "study's figure (2014, asyncio's default loop). Placement: "
+                                + (first.get("pinning") or "not recorded")))
     return sec
 
 
