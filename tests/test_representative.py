@@ -112,12 +112,14 @@ def test_the_allocator_state_reaches_the_asyncio_server(kind, counting_tool):
 
 
 def test_the_preflight_fails_clearly_on_a_server_that_does_not_echo(tmp_path):
+    # The server reads the message, then ends its side without echoing: the client sees EOF
+    # (closing without reading would race the client's send into a reset).
     script = tmp_path / "python"
     script.write_text("#!/bin/sh\nexec %s -c \"\nimport json, os, socket, time\n"
                       "s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(5)\n"
                       "print('READY ' + json.dumps(dict(impl='x', transport='tcp', host='127.0.0.1', "
                       "port=s.getsockname()[1], path=None, pid=os.getpid())), flush=True)\n"
-                      "c, _ = s.accept(); c.close(); time.sleep(30)\n\"\n" % sys.executable)
+                      "c, _ = s.accept(); c.recv(64); c.shutdown(socket.SHUT_WR); time.sleep(30)\n\"\n" % sys.executable)
     script.chmod(0o755)
     server = ServerProcess("x", python=str(script), cpu=None)
     with pytest.raises(harness.ServerError, match="server 'x' echoed b'' to the pre-flight message"):
