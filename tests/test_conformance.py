@@ -29,10 +29,15 @@ def server(request):
     if reason:
         request.applymarker(pytest.mark.xfail(reason=reason, strict=True))
     proc = harness.ServerProcess(impl, cpu=None)
+    broken = None
     try:
         proc.start()
-    except harness.ServerUnavailable as exc:
+    except harness.ServerUnavailable as exc:  # not installed, not on PATH, not on this Python
         pytest.skip(str(exc))
+    except harness.ServerBroken as exc:  # our own code does not import or build: never a skip
+        broken = str(exc)
+    if broken is not None:
+        pytest.fail(broken, pytrace=False)  # outside the except: no chained traceback
     try:
         yield proc
     finally:

@@ -18,6 +18,7 @@ from brokenservers import connect, exchange
 from pyconcbench import harness
 from pyconcbench.harness import (
     PinningPlan,
+    ServerBroken,
     ServerError,
     ServerProcess,
     ServerUnavailable,
@@ -96,20 +97,78 @@ def test_crash_at_start_up_carries_its_stderr(fake_python):
     assert "boom: the config is broken" in str(info.value)
 
 
-def test_exit_code_2_means_unavailable_with_the_servers_line(fake_python):
+def test_exit_code_3_means_unavailable_with_the_servers_line(fake_python):
     script = fake_python("""
         import sys
         print("implementation 'x' needs y: pip install 'pyconcbench[y]'", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(3)
     """)
     with pytest.raises(ServerUnavailable) as info:
         ServerProcess("x", python=script, cpu=None).start()
     assert str(info.value) == "implementation 'x' needs y: pip install 'pyconcbench[y]'"
 
 
-def test_unknown_impl_is_unavailable():
-    with pytest.raises(ServerUnavailable, match="unknown implementation 'nope'; known: "):
+def test_exit_code_4_means_broken_with_the_servers_line(fake_python):
+    script = fake_python("""
+        import sys
+        print("implementation 'x': its module pyconcbench.servers.x does not import: NameError: "
+              "name 'y' is not defined (pyconcbench/servers/x.py:3)", file=sys.stderr)
+        sys.exit(4)
+    """)
+    with pytest.raises(ServerBroken) as info:
+        ServerProcess("x", python=script, cpu=None).start()
+    assert not isinstance(info.value, ServerUnavailable)
+    assert str(info.value) == ("implementation 'x': its module pyconcbench.servers.x does not import: "
+                               "NameError: name 'y' is not defined (pyconcbench/servers/x.py:3)")
+
+
+def test_exit_code_2_cannot_run_as_asked_is_a_failure_not_a_skip(fake_python):
+    script = fake_python("""
+        import sys
+        print("pyconcbench.serve: cannot pin to CPU 4096 (allowed: [0, 1]): Invalid argument", file=sys.stderr)
+        sys.exit(2)
+    """)
+    with pytest.raises(ServerError) as info:
+        ServerProcess("x", python=script, cpu=None).start()
+    assert not isinstance(info.value, ServerUnavailable)
+    assert str(info.value) == ("server 'x' cannot run as asked (exit code 2): pyconcbench.serve: cannot "
+                               "pin to CPU 4096 (allowed: [0, 1]): Invalid argument")
+
+
+def test_unknown_impl_is_a_failure_not_a_skip():
+    with pytest.raises(ServerError, match="unknown implementation 'nope'; known: ") as info:
         ServerProcess("nope").start()
+    assert not isinstance(info.value, ServerUnavailable)
+
+
+def test_a_broken_server_module_is_broken_not_unavailable(fake_python, tmp_path):
+    """A module of ours that raises on import (here selectors' module, replaced by a copy with a
+    NameError): serve exits 4 with one line naming the error and where; the harness raises
+    ServerBroken (a failure), never ServerUnavailable (a skip)."""
+    from pyconcbench.servers import selectors
+
+    with open(selectors.__file__) as f:
+        lines = f.read().splitlines(keepends=True)
+    at = next(i for i, line in enumerate(lines) if line.startswith("from __future__ ")) + 1
+    lines.insert(at, "pcb_planted_bug\n")
+    (tmp_path / "pcb_broken.py").write_text("".join(lines))
+    script = fake_python("""
+        import sys
+        from pyconcbench import serve, servers
+        servers.IMPLS["selectors"] = servers.IMPLS["selectors"]._replace(module="pcb_broken")
+        servers.__path__.append(%r)
+        sys.exit(serve.main(sys.argv[3:]))  # as python -m pyconcbench.serve
+    """ % str(tmp_path))
+    line = ("pyconcbench.serve: implementation 'selectors': its module pyconcbench.servers.pcb_broken "
+            "does not import: NameError: name 'pcb_planted_bug' is not defined (%s:%d)"
+            % (tmp_path / "pcb_broken.py", at + 1))
+    result = subprocess.run([script, "-m", "pyconcbench.serve", "selectors"], stdin=subprocess.DEVNULL,
+                            capture_output=True, text=True, timeout=60)
+    assert (result.returncode, result.stdout, result.stderr.splitlines()) == (4, "", [line])
+    with pytest.raises(ServerError) as info:
+        ServerProcess("selectors", python=script, cpu=None).start()
+    assert not isinstance(info.value, ServerUnavailable)
+    assert isinstance(info.value, ServerBroken) and str(info.value) == line
 
 
 def test_garbage_instead_of_ready(fake_python):

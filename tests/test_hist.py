@@ -63,6 +63,16 @@ def test_bad_percentile_lists_are_refused(pcts):
 def test_buckets_merge_across_phases():
     a = _native.hist_query(list(range(1000, 2001)), [])["buckets"]
     b = _native.hist_query(list(range(3000, 4001)), [])["buckets"]
-    both = _native.hist_query(list(range(1000, 2001)) + list(range(3000, 4001)), [50.0, 99.0])
-    assert merge_percentiles([a, b], (50.0, 99.0)) == both["query"]
-    assert merge_percentiles([], (50.0,)) == [0]
+    pcts = [50.0, 90.0, 95.0, 99.0, 99.9, 100.0]
+    both = _native.hist_query(list(range(1000, 2001)) + list(range(3000, 4001)), pcts)
+    assert merge_percentiles([a, b], pcts, maximum=4000) == both["query"]
+    assert merge_percentiles([], (50.0,), maximum=None) == [0]
+
+
+def test_merged_percentiles_are_clamped_to_the_exact_maximum_as_the_engine_does():
+    # 4000 is in the bucket 4000..4015: the top percentiles of these rounds are in it
+    one = _native.hist_query([1000] * 10 + [4000] * 10, [50.0, 99.0, 99.9, 100.0])
+    assert one["max"] == 4000 and one["query"] == [1003, 4000, 4000, 4000]
+    phases = [_native.hist_query([1000] * 10, [])["buckets"], _native.hist_query([4000] * 10, [])["buckets"]]
+    assert phases[1] == [(4015, 10)]  # the bucket reaches past the value
+    assert merge_percentiles(phases, [50.0, 99.0, 99.9, 100.0], maximum=4000) == [1003, 4000, 4000, 4000]

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from pyconcbench import _native, micro
+from pyconcbench import _native, gobuild, micro
 from pyconcbench.micro import (Case, Runner, Sample, Unavailable, fit_line, golang, native,
                                smallproc, workloads)
 from pyconcbench.micro.summary import depth_fits, spread_between, table
@@ -310,10 +310,14 @@ def test_call_soon_needs_whole_batches():
 # ---- Go ---------------------------------------------------------------------------------------
 
 def _go_or_skip():
+    broken = None
     try:
         return golang.build()
-    except golang.GoUnavailable as exc:
+    except golang.GoUnavailable as exc:  # 'go' not on PATH: the one skip reason
         pytest.skip(str(exc))
+    except micro.Broken as exc:  # switch.go does not build: a failure
+        broken = str(exc)
+    pytest.fail(broken, pytrace=False)  # outside the except: no chained traceback
 
 
 @pytest.mark.parametrize("case,n,g", [("goroutine", 2000, 1), ("chan_pingpong", 2000, 1),
@@ -339,6 +343,72 @@ def test_go_missing_is_a_skip_reason(monkeypatch):
     case = micro.find("go-chan_pingpong")
     with pytest.raises(Unavailable, match="need 'go' on PATH"):
         Runner(case).check_available()
+
+
+#: Where the Go builds are cached (read before pytester gives a test a HOME of its own).
+GO_CACHE_HOME = os.path.dirname(gobuild.cache_root())
+
+
+def _broken_switch_go(directory):
+    """A copy of switch.go in ``directory`` with a call to an undefined function planted as
+    main()'s first statement; (its path, the planted line's number)."""
+    lines = Path(golang.SOURCE).read_text().splitlines(keepends=True)
+    at = lines.index("func main() {\n") + 1
+    lines.insert(at, "\tpcbPlantedBug()\n")
+    path = directory / "switch.go"
+    path.write_text("".join(lines))
+    return path, at + 1
+
+
+def test_go_baselines_that_do_not_compile_fail_not_skip(tmp_path, monkeypatch):
+    """go on PATH and switch.go does not compile: Broken (a failure, one line), never
+    Unavailable -- from the Runner's check, from golang.run, and from the tests' own helper."""
+    if shutil.which("go") is None:
+        pytest.skip("go not on PATH")
+    source, line = _broken_switch_go(tmp_path)
+    monkeypatch.setattr(golang, "SOURCE", str(source))
+    with pytest.raises(Exception) as info:
+        Runner(micro.find("go-chan_pingpong")).check_available()
+    assert not isinstance(info.value, Unavailable)
+    assert isinstance(info.value, micro.Broken)
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith("cannot build the Go baselines: go build exited with code 1: "
+                              "# command-line-arguments; ")
+    assert message.endswith("switch.go:%d:2: undefined: pcbPlantedBug" % line)
+    with pytest.raises(micro.Broken, match="^" + re.escape(message) + "$"):
+        golang.run("chan_pingpong", 10)
+    with pytest.raises(pytest.fail.Exception, match="^" + re.escape(message) + "$"):
+        _go_or_skip()
+
+
+def test_go_baselines_that_do_not_compile_fail_the_benchmark(pytester, tmp_path):
+    """Through the benchmark module: one failure in one line (before: a skip)."""
+    if shutil.which("go") is None:
+        pytest.skip("go not on PATH")
+    source, line = _broken_switch_go(tmp_path)
+    pytester.makepyfile(test_switch=(ROOT / "tests" / "bench" / "test_switch.py").read_text())
+    pytester.makeconftest(  # pytester's HOME is new: keep the usual (warm) Go build cache
+        "import os\nos.environ['XDG_CACHE_HOME'] = %r\n"
+        "from pyconcbench.micro import golang\ngolang.SOURCE = %r\n" % (GO_CACHE_HOME, str(source)))
+    result = pytester.runpytest_subprocess("-k", "go-chan_pingpong", "-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([  # the failure's whole report: one line
+        "*_ test_handoff[[]go-chan_pingpong] _*",
+        "go-chan_pingpong: cannot build the Go baselines: go build exited with code 1: "
+        "# command-line-arguments; *switch.go:%d:2: undefined: pcbPlantedBug" % line,
+        "=*"], consecutive=True)
+
+
+def test_a_module_installed_but_not_importing_is_a_stated_skip(tmp_path, monkeypatch):
+    """A third-party release that does not import on this Python stays a skip, saying so."""
+    (tmp_path / "pcb_broken_dep.py").write_text("raise AttributeError('module asyncio has no attribute coroutine')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    fake = Case("switch", "python", "fake", "call", "op", 10, needs=("pcb_broken_dep",))
+    with pytest.raises(Unavailable, match=r"^python-fake: pcb_broken_dep does not import on Python "
+                                          r"3\.\d+\.\d+: AttributeError: module asyncio has no "
+                                          r"attribute coroutine$"):
+        Runner(fake).check_available()
 
 
 # ---- the Runner --------------------------------------------------------------------------------

@@ -3,6 +3,7 @@ the worker_pid / measured_pid hook through serve and the harness, the peer's own
 report, its death with serve, a Go build that fails; and the stop signals of every server
 whose framework or process has signal handling of its own."""
 import os
+import re
 import shutil
 import signal
 import socket
@@ -14,23 +15,29 @@ import time
 import pytest
 
 from brokenservers import connect, exchange
-from pyconcbench import harness, servers
-from pyconcbench.harness import ServerError, ServerProcess, ServerUnavailable
-from pyconcbench.servers import peers
+from pyconcbench import gobuild, harness, servers
+from pyconcbench.harness import ServerBroken, ServerError, ServerProcess, ServerUnavailable
+from pyconcbench.servers import go_net, peers
 from pyconcbench.servers.peers import Peer, PeerError
 
 PEERS = ["go_net", "node_net"]
 # Servers whose stop could be disturbed by their framework's own signal handling (trio's
 # SIGINT and wake-up fd, Twisted's handlers), or that relay the stop to another process.
 OWN_SIGNAL_HANDLING = ["tornado", "twisted", "twisted_epoll", "trio", "anyio", "curio"] + PEERS
+#: Where the Go builds are cached (read before pytester gives a test a HOME of its own).
+GO_CACHE_HOME = os.path.dirname(gobuild.cache_root())
 
 
 def started(impl, **kwargs):
     server = ServerProcess(impl, **kwargs)
+    broken = None
     try:
         return server.start()
-    except ServerUnavailable as exc:
+    except ServerUnavailable as exc:  # not installed, not on PATH, not on this Python
         pytest.skip(str(exc))
+    except ServerBroken as exc:  # our own code does not import or build: never a skip
+        broken = str(exc)
+    pytest.fail(broken, pytrace=False)  # outside the except: no chained traceback
 
 
 def proc_stat(pid):
@@ -226,21 +233,75 @@ def run_serve(*args, env):
     )
 
 
+def broken_go_copy(source, directory):
+    """A copy of the Go program ``source`` in ``directory`` with a call to an undefined
+    function planted as main()'s first statement; (its path, the planted line's number)."""
+    with open(source) as f:
+        lines = f.read().splitlines(keepends=True)
+    at = lines.index("func main() {\n") + 1
+    lines.insert(at, "\tpcbPlantedBug()\n")
+    path = directory / os.path.basename(source)
+    path.write_text("".join(lines))
+    return path, at + 1
+
+
+# go on PATH and the build fails -- our echo.go does not compile, or the toolchain or cache does
+# not work: exit 4 (broken: a failure), never 3 (not available here: the harness's skip).
 @pytest.mark.parametrize("env, why", [
     ({"GOROOT": "/nonexistent"}, "go build exited with code 2: go: cannot find GOROOT"),
     ({"XDG_CACHE_HOME": "/dev/null/cache"}, "Not a directory"),
-])
-def test_a_go_build_that_fails_is_exit_2_with_one_line(tmp_path, env, why):
+    (None, "go build exited with code 1: # command-line-arguments; "),  # echo.go broken
+], ids=["goroot", "cache", "source"])
+def test_a_go_build_that_fails_is_exit_4_with_one_line(tmp_path, env, why):
     if shutil.which("go") is None:
         pytest.skip("go not on PATH")
-    result = run_serve("go_net", env=dict({"XDG_CACHE_HOME": str(tmp_path)}, **env))
-    assert result.returncode == 2
+    if env is not None:  # the shipped echo.go, in a cold cache that does not get that far
+        result = run_serve("go_net", env=dict({"XDG_CACHE_HOME": str(tmp_path)}, **env))
+    else:  # a copy that does not compile, in the usual (warm) cache
+        source, line = broken_go_copy(go_net.SOURCE, tmp_path)
+        why += "%s:%d:2: undefined: pcbPlantedBug" % (source, line)
+        code = ("import sys; from pyconcbench.servers import go_net; go_net.SOURCE = %r; "
+                "from pyconcbench import serve; sys.exit(serve.main(['go_net']))" % str(source))
+        result = subprocess.run([sys.executable, "-c", code], stdin=subprocess.DEVNULL,
+                                capture_output=True, text=True, timeout=300)
+    assert result.returncode == 4, result.stderr
     assert result.stdout == ""
     lines = result.stderr.splitlines()
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith(
         "pyconcbench.serve: implementation 'go_net' cannot build its Go peer: ")
     assert why in lines[0]
+
+
+def test_go_not_on_path_is_exit_3_and_the_only_skip(monkeypatch):
+    result = run_serve("go_net", env={"PATH": "/nonexistent"})
+    assert result.returncode == 3
+    assert result.stdout == ""
+    assert result.stderr.splitlines() == [
+        "pyconcbench.serve: implementation 'go_net' needs 'go' on PATH (not found)"]
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(ServerUnavailable, match=r"^pyconcbench\.serve: implementation 'go_net' needs "
+                                                r"'go' on PATH \(not found\)$"):
+        ServerProcess("go_net", cpu=None).start()
+
+
+def test_a_go_peer_that_does_not_compile_fails_the_harness_not_skips(tmp_path, monkeypatch):
+    """Before, the harness and every test's ``started`` skipped it as a missing toolchain."""
+    if shutil.which("go") is None:
+        pytest.skip("go not on PATH")
+    source, line = broken_go_copy(go_net.SOURCE, tmp_path)
+    monkeypatch.setattr(go_net, "SOURCE", str(source))
+    with pytest.raises(ServerError) as info:
+        ServerProcess("go_net", cpu=None).start()
+    assert not isinstance(info.value, ServerUnavailable)
+    assert isinstance(info.value, ServerBroken)
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith("implementation 'go_net' cannot build its Go peer: go build exited "
+                              "with code 1: # command-line-arguments; ")
+    assert message.endswith("%s:%d:2: undefined: pcbPlantedBug" % (source, line))
+    with pytest.raises(pytest.fail.Exception, match="^" + re.escape(message) + "$"):
+        started("go_net", cpu=None)
 
 
 @pytest.mark.slow
@@ -311,3 +372,26 @@ def test_frameworks_that_listen_again_keep_the_backlog(impl, transport):
     server = started(impl, transport=transport, cpu=None)
     with server:
         assert listen_backlog(server) == expected
+
+
+def test_a_go_peer_that_does_not_compile_fails_the_benchmark_not_skips(pytester, tmp_path):
+    """Through the plugin's echo_server fixture: an error in one line, no skip, no traceback."""
+    if shutil.which("go") is None:
+        pytest.skip("go not on PATH")
+    source, line = broken_go_copy(go_net.SOURCE, tmp_path)
+    pytester.makeconftest(  # pytester's HOME is new: keep the usual (warm) Go build cache
+        "import os\nos.environ['XDG_CACHE_HOME'] = %r\n"
+        "from pyconcbench.servers import go_net\ngo_net.SOURCE = %r\n"
+        % (GO_CACHE_HOME, str(source)))
+    pytester.makepyfile(test_go="""
+        def test_echo(echo_case, echo_server):
+            pass
+    """)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--pcb-impl", "go_net",
+                                           "--pcb-conns", "10", "--benchmark-disable")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines([  # the error's whole report: one line
+        "*_ ERROR at setup of test_echo[[]go_net-c10-64B] _*",
+        "implementation 'go_net' cannot build its Go peer: go build exited with code 1: "
+        "# command-line-arguments; *echo.go:%d:2: undefined: pcbPlantedBug" % line,
+        "=*"], consecutive=True)

@@ -1,5 +1,8 @@
 """The plugin's pieces without pytester: option parsers, profiles, the noise judge and retry
 loop with fake probes and a fake load, the summary figures, the printed table."""
+import dataclasses
+import os
+
 import pytest
 
 from pyconcbench import harness, loadgen, machine, plugin, summary
@@ -265,3 +268,63 @@ def test_speed_gauge_keeps_the_best_and_judges_against_it(monkeypatch):
     assert gauge.best[0] == 200.0 and gauge.probe() == {0: 100.0} and gauge.best[0] == 100.0
     assert gauge.judge(gauge.probe()) == ""          # 1.14x: within the factor
     assert gauge.judge(gauge.probe()) == "CPU 0 ran a fixed loop 1.16x slower than its best"
+
+
+# ---- /proc unreadable: an error or a visible "unknown", never 0.0 -------------------------
+
+def test_proc_readers_say_unknown_instead_of_zero(monkeypatch):
+    monkeypatch.setattr(machine, "_read", lambda path: None)
+    assert machine.machine_busy_seconds() is None
+    assert machine.process_runtime(os.getpid()) is None  # the task list reads, no schedstat does
+    assert machine.process_runtime(2 ** 22 + 12345) is None  # no such process
+    a = machine.snapshot(os.getpid())
+    assert a.machine is None and a.server_runtime is None
+    assert a.other_since(a) is None
+
+
+def test_proc_readers_read_this_process():
+    assert machine.machine_busy_seconds() > 0
+    assert machine.process_runtime(os.getpid()) > 0
+
+
+def test_unreadable_server_cpu_fails_the_round_in_one_line(fakes):
+    runner = EchoRunner(settings(), EchoCase("native_epoll", 2, 64, "tcp"), FakeServer(), probe_baseline=150.0)
+    fakes["probes"] += [150.0, 150.0]
+    before, after = snaps(0.2, 0.09)
+    fakes["snaps"] += [before, dataclasses.replace(after, server_runtime=None)]
+    with pytest.raises(harness.ServerError, match=r"^cannot read server 'native_epoll'\'s CPU time from /proc/4242/task"):
+        runner.one_round(FakeSession([result()]))
+    assert runner.records == []
+
+
+def test_unreadable_machine_cpu_is_an_unknown_other_cpu_check(fakes):
+    runner = EchoRunner(settings(), EchoCase("native_epoll", 2, 64, "tcp"), FakeServer(), probe_baseline=150.0)
+    fakes["probes"] += [150.0, 150.0]
+    before, after = snaps(0.2, 0.09)
+    fakes["snaps"] += [dataclasses.replace(before, machine=None), dataclasses.replace(after, machine=None)]
+    runner.one_round(FakeSession([result()]))
+    rec = runner.records[0]
+    assert rec.other_cpu is None and rec.server_cpu == pytest.approx(0.09)
+    extra = EchoOutcome.from_records(runner, connect_seconds=0.004).extra
+    assert extra["other_cpu_check"] == "unknown: /proc/stat was unreadable"
+    assert extra["rounds"][0]["other_cpu_share"] is None
+    line = next(x for x in summary.echo_table([row("native_epoll", 1000, 5.0, other_cpu_check=extra["other_cpu_check"])])
+                if x.startswith("native_epoll"))
+    assert "other processes' CPU unknown" in line
+
+
+def test_ceiling_table_flags_an_engine_below_the_floor():
+    lines = summary.ceiling_table([
+        {"connections": 100, "msgs_per_s": 200000.0, "engine_msgs_per_s": 180000.0, "engine_to_ceiling": 0.9,
+         "engine_to_ceiling_paired_median": 0.91},
+        {"connections": 10, "msgs_per_s": 200000.0, "engine_msgs_per_s": 198000.0, "engine_to_ceiling": 0.99,
+         "engine_to_ceiling_paired_median": 0.99}])
+    c10, c100 = (next(x for x in lines if x.split()[:1] == [str(n)]) for n in (10, 100))
+    assert "⚠ engine below 95% of the ceiling" in c100 and "0.910" in c100
+    assert "⚠" not in c10 and "0.990" in c10
+    assert summary.ceiling_table([]) == []
+
+
+def test_jain_is_saved_with_significant_digits_not_decimals():
+    assert plugin._sig(1 / 20000) == 5e-05
+    assert plugin._sig(0.987654) == 0.9877

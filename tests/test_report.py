@@ -17,8 +17,10 @@ def suite(scale=1.0, python="3.11.7", when="2026-11-22T10:00:00", **facts):
             r = rate * scale * (1.0 if conns < 1000 else 0.8)
             benches.append(rf.echo(impl, conns, [r * f for f in (1.0, 1.01, 0.99, 1.005, 0.995)],
                                    cpu_us=1e6 / rate))
-    benches.append(rf.echo("asyncio_protocol", 10, [30000.0] * 5, size=1024))
-    benches.append(rf.echo("asyncio_protocol", 10, [20000.0] * 5, size=102400))
+    # MiB/s as the plugin saves it: msgs/s x size / 2^20
+    benches.append(rf.echo("asyncio_protocol", 10, [30000.0] * 5, size=1024, mib_per_s=30000 * 1024 / 2 ** 20))
+    benches.append(rf.echo("asyncio_protocol", 10, [20000.0] * 5, size=102400,
+                           mib_per_s=20000 * 102400 / 2 ** 20))
     benches.append(rf.echo("selectors", 100, [50000.0] * 5, transport="unix", starving_connections=3))
     benches += [rf.switch("python-generator_next", [25.0, 25.5, 24.5]),
                 rf.switch("native-swapcontext", [440.0, 445.0, 450.0], group="switch-native"),
@@ -80,10 +82,141 @@ def test_report_markdown_has_the_studies_tables(storage, capsys):
     assert "| uvloop_protocol | 0.75 | 0.75 | 0.75 |" in out
     # server CPU and its excess over native_epoll
     assert "| asyncio_protocol | 25.00 (+20.00) | 25.00 (+20.00) | 25.00 (+20.00) |" in out
-    assert "⚠ 3 starving" in out
-    assert "| asyncio_protocol | 30,000 · 0.0 MiB/s |" not in out  # sizes carry their own MiB/s
-    assert "| asyncio_protocol | 40,000 ± 1.0% · 1.0 MiB/s |" not in out
+    assert "| selectors | 0.999 [90–110] ⚠ 3 starving |" in out
+    # the size table: each cell the rate and the MiB/s saved with it (29.296875 and 1953.125);
+    # the 64B rows carry the factory's 1.0 MiB/s
+    assert tables(out)["Echo by message size — TCP, 10 connections"] == [
+        ["implementation", "64B", "1KiB", "100KiB"],
+        ["native_epoll", "199,990 · 1.0 MiB/s", "", ""],
+        ["uvloop_protocol", "149,992 · 1.0 MiB/s", "", ""],
+        ["asyncio_protocol", "39,998 · 1.0 MiB/s", "30,000 · 29.3 MiB/s", "20,000 · 1,953.1 MiB/s"]]
     assert "| aiozmq_rpc-asyncio | 5,000 ± 0.0% | 0.25 |" in out
+
+
+def tables(markdown):
+    """{title: [head, row, ...]} of every table in a Markdown report, cells stripped."""
+    out = {}
+    title = None
+    for line in markdown.splitlines():
+        if line.startswith("### "):
+            title = line[4:]
+            out[title] = []
+        elif line.startswith("|") and title is not None and not line.startswith("|---"):
+            out[title].append([c.strip() for c in line.strip()[1:-1].split(" | ")])
+    return out
+
+
+def small_run(python="3.11.7", when="2026-11-22T10:00:00"):
+    """A small run whose every cell is worked out by hand in the tests below."""
+    ceiling = rf.echo("x", 1, [1.0])
+    ceiling.update(group="ceiling", name="test_ceiling[c100-64B]",
+                   fullname="tests/bench/test_ceiling.py::test_ceiling[c100-64B]",
+                   extra_info={"impl": "loadgen_ceiling", "connections": 100, "size": 64, "msgs_per_s": 250000.4,
+                               "engine_msgs_per_s": 199999.6, "engine_to_ceiling": 0.79996,
+                               "loadgen_cpu_share": 0.974})
+    fallback = rf.echo("asyncio_protocol", 10, [10240.0] * 2, size=1024)
+    del fallback["extra_info"]["mib_per_s"]  # the table computes it: 10240 x 1024 / 2^20 = 10.0
+    return rf.run([
+        rf.echo("native_epoll", 10, [90000.0, 110000.0], cpu_us=4.0, latency_p50_us=12.345,
+                latency_p95_us=40.06, latency_p99_us=1234.56, server_cpu_share=0.5, loadgen_cpu_share=0.95,
+                loadgen_bound=True, server_user_share=None, fairness_jain=0.98765, fairness_min=5,
+                fairness_max=1234, starving_connections=2, mib_per_s=99000 * 64 / 2 ** 20),
+        rf.echo("native_epoll", 100, [80000.0] * 2, cpu_us=5.0),
+        rf.echo("uvloop_protocol", 10, [100000.0] * 2, cpu_us=4.5),
+        rf.echo("uvloop_protocol", 100, [30000.0] * 2, cpu_us=6.25, server_user_share=0.255),
+        rf.echo("asyncio_protocol", 10, [22000.0] * 3, cpu_us=24.5),
+        rf.echo("asyncio_protocol", 100, [40000.0] * 2, cpu_us=25.0),
+        rf.echo("native_epoll", 10, [50000.0] * 2, size=1024, mib_per_s=50000 * 1024 / 2 ** 20),
+        fallback,
+        ceiling,
+        rf.switch("yield_from-d1", [50.0], group="depth-sweep", depth=1),
+        rf.switch("yield_from-d2", [60.0], group="depth-sweep", depth=2),
+        rf.switch("yield_from-d4", [100.0], group="depth-sweep", depth=4),
+    ], python=python, when=when)
+
+
+def test_report_cells_are_the_hand_computed_values(tmp_path, capsys):
+    rf.save(tmp_path, "0001_small", small_run())
+    assert cli.main(["report", "--storage", str(tmp_path), "0001"]) == 0
+    t = tables(capsys.readouterr().out)
+    where = "TCP, 64B messages"
+    head = ["implementation", "10 conns", "100 conns"]
+    # order: by the geometric mean of each row's rates (native 88,994, uvloop 54,772, asyncio
+    # 29,665), not by the first column (uvloop fastest) nor the last (asyncio before uvloop)
+    # native at 10: 2 x 10000 round trips in 10000/90000 + 10000/110000 s = 99,000 msgs/s;
+    # ± t(1) x stdev / sqrt(2) / mean = 12.706 x 14142.1 / 1.41421 / 100000 = 127.1 %;
+    # ≥: the load generator was bound
+    assert t[f"Echo throughput (msgs/s) — {where}"] == [
+        head, ["native_epoll", "≥99,000 ± 127.1%", "80,000 ± 0.0%"],
+        ["uvloop_protocol", "100,000 ± 0.0%", "30,000 ± 0.0%"],
+        ["asyncio_protocol", "22,000 ± 0.0%", "40,000 ± 0.0%"]]
+    # slowest = 1: at 10 conns 99000/22000 = 4.5, 100000/22000 = 4.545; at 100 conns /30000
+    assert t[f"Relative speed — {where}"] == [
+        head, ["native_epoll", "4.5", "2.7"], ["uvloop_protocol", "4.5", "1.0"], ["asyncio_protocol", "1.0", "1.3"]]
+    assert t[f"Ratio to native_epoll — {where}"] == [
+        head, ["native_epoll", "1.00", "1.00"], ["uvloop_protocol", "1.01", "0.38"],
+        ["asyncio_protocol", "0.22", "0.50"]]
+    # latency: the saved µs, one decimal, thousands separated; the factory's own for the others
+    # (p99 = 100 + 1000 x conns / rate: 101.25 for native at 100; p50 = p99 / 3, p95 = 0.8 p99;
+    # halves round to even: 33.75 -> 33.8, 101.25 -> 101.2)
+    assert t[f"Latency p50 (µs) — {where}"][1] == ["native_epoll", "12.3", "33.8"]
+    assert t[f"Latency p95 (µs) — {where}"][1] == ["native_epoll", "40.1", "81.0"]
+    assert t[f"Latency p99 (µs) — {where}"] == [
+        head, ["native_epoll", "1,234.6", "101.2"], ["uvloop_protocol", "100.1", "103.3"],
+        ["asyncio_protocol", "100.5", "102.5"]]
+    # CPU per round trip and its excess over native_epoll's at the same connections
+    assert t[f"Server CPU per round trip (µs) and excess over native_epoll — {where}"] == [
+        head, ["native_epoll", "4.00 (+0.00)", "5.00 (+0.00)"], ["uvloop_protocol", "4.50 (+0.50)", "6.25 (+1.25)"],
+        ["asyncio_protocol", "24.50 (+20.50)", "25.00 (+20.00)"]]
+    # busy: server / load generator; no user share when too few ticks; 25.5 % shows as 26 %
+    assert t[f"CPU busy: server / load generator, and the server's user share — {where}"] == [
+        head, ["native_epoll", "50% / 95% · lg-bound", "99% / 50% · user 30%"],
+        ["uvloop_protocol", "99% / 50% · user 30%", "99% / 50% · user 26%"],
+        ["asyncio_protocol", "99% / 50% · user 30%", "99% / 50% · user 30%"]]
+    assert t[f"Fairness — {where}"][1] == ["native_epoll", "0.988 [5–1,234] ⚠ 2 starving", "0.999 [90–110]"]
+    # size: the saved MiB/s (99000 x 64 / 2^20 = 6.04; 50000 x 1024 / 2^20 = 48.83), or
+    # computed when a run did not save it (10240 x 1024 / 2^20 = 10.0); rows by the geometric
+    # mean of their own cells: uvloop 100,000, native 70,356, asyncio 15,010
+    assert t["Echo by message size — TCP, 10 connections"] == [
+        ["implementation", "64B", "1KiB"], ["uvloop_protocol", "100,000 · 1.0 MiB/s", ""],
+        ["native_epoll", "≥99,000 · 6.0 MiB/s", "50,000 · 48.8 MiB/s"],
+        ["asyncio_protocol", "22,000 · 1.0 MiB/s", "10,240 · 10.0 MiB/s"]]
+    assert t["Load generator ceiling"] == [
+        ["scale", "minimal client msgs/s", "engine msgs/s", "engine / minimal", "load generator CPU"],
+        ["100 conns × 64B", "250,000", "200,000", "0.80 ⚠ below 0.95", "97%"]]
+    # depth 1, 2, 4 at 50, 60, 100 ns: mean depth 7/3, mean ns 70; Sxy = 80, Sxx = 42/9:
+    # slope 120/7 = 17.14 ns per level, intercept 70 - 17.14 x 7/3 = 30.0; residuals 20/7,
+    # -30/7, 10/7: SSres = 1400/49, SStot = 1400, r² = 1 - 1/49 = 0.9796
+    assert t["Depth sweep: cost per extra level"] == [
+        ["chain", "slope (ns per level)", "intercept (ns)", "r²", "depths"],
+        ["yield_from", "17.14", "30.0", "0.9796", "1, 2, 4"]]
+
+
+def test_report_by_python_slopes_and_cpu_are_the_hand_computed_values(tmp_path, capsys):
+    old = small_run(python="3.10.13")
+    new = small_run(python="3.12.1")
+    # 3.10: exactly 40 + 20 ns per level; no await chain
+    old["benchmarks"] = [b for b in old["benchmarks"] if "depth" not in b["extra_info"]] + [
+        rf.switch(f"yield_from-d{d}", [40.0 + 20.0 * d], group="depth-sweep", depth=d) for d in (1, 8, 32)]
+    # 3.12: the await chain at two depths, (130 - 100) / (4 - 1) = 10 ns per level
+    new["benchmarks"] += [rf.switch("await-d1", [100.0], group="depth-sweep", depth=1),
+                          rf.switch("await-d4", [130.0], group="depth-sweep", depth=4)]
+    for b in new["benchmarks"]:
+        if b["extra_info"].get("impl") == "asyncio_protocol" and b["extra_info"]["connections"] == 100:
+            b["extra_info"]["server_cpu_us_per_msg"] = 18.125
+    rf.save(tmp_path, "0001_m", old, "Linux-CPython-3.10-64bit")
+    rf.save(tmp_path, "0001_m", new, "Linux-CPython-3.12-64bit")
+    assert cli.main(["report", "--by-python", "--storage", str(tmp_path), "*/*_m"]) == 0
+    t = tables(capsys.readouterr().out)
+    assert t["Depth sweep: ns per extra level of delegation"] == [
+        ["chain", "Python 3.10.13", "Python 3.12.1"], ["await", "", "10.0"], ["yield_from", "20.0", "17.1"]]
+    # rows in natural order of the labels; 18.125 rounds to 18.12 (binary 18.125 is exact: half to even)
+    assert t["Server CPU per round trip (µs) — 100 connections × 64B over TCP"] == [
+        ["implementation", "Python 3.10.13", "Python 3.12.1"], ["asyncio_protocol", "25.00", "18.12"],
+        ["native_epoll", "5.00", "5.00"], ["uvloop_protocol", "6.25", "6.25"]]
+    assert t["Echo msgs/s — 10 connections × 64B over TCP"][1:] == [
+        ["asyncio_protocol", "22,000 ± 0.0%", "22,000 ± 0.0%"], ["native_epoll", "≥99,000 ± 127.1%", "≥99,000 ± 127.1%"],
+        ["uvloop_protocol", "100,000 ± 0.0%", "100,000 ± 0.0%"]]
 
 
 def test_report_by_python_puts_versions_side_by_side(tmp_path, capsys):
@@ -216,3 +349,14 @@ def test_table_renders_markdown_and_escapes_html():
     assert "| x\\|y | <b> |" in md and "|---|---:|" in md
     h = t.html()
     assert "&lt;b&gt;" in h and "T &lt;x&gt;" in h and "n &amp; m" in h
+
+
+def test_fairness_note_states_the_starving_rule_the_code_applies():
+    from pyconcbench import loadgen
+
+    info = rf.echo("selectors", 100, [50000.0] * 2, starving_connections=1)["extra_info"]
+    note = next(t.note for t in report.echo_scale_tables([info], "tcp", 64) if t.title.startswith("Fairness"))
+    assert loadgen.STARVING_SHARE == 0.10
+    assert "fewer than 10% of the mean round trips per connection" in note
+    assert "no round trip" not in note  # the old note: a connection with 1 round trip of 100 is starving too
+    assert loadgen.fairness([1, 100, 100, 99]).starving == 1

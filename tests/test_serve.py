@@ -28,10 +28,14 @@ def run_serve(*args, env=None, timeout=30):
 def started(impl, **kwargs):
     """A started ServerProcess; skips when the implementation cannot run here."""
     server = ServerProcess(impl, **kwargs)
+    broken = None
     try:
         return server.start()
-    except ServerUnavailable as exc:
+    except ServerUnavailable as exc:  # not installed, not on PATH, not on this Python
         pytest.skip(str(exc))
+    except harness.ServerBroken as exc:  # our own code does not import or build: never a skip
+        broken = str(exc)
+    pytest.fail(broken, pytrace=False)  # outside the except: no chained traceback
 
 
 def payload(size):

@@ -13,7 +13,7 @@ import pytest
 
 from brokenservers import connect, exchange
 from pyconcbench import servers
-from pyconcbench.harness import ServerProcess, ServerUnavailable
+from pyconcbench.harness import ServerBroken, ServerProcess, ServerUnavailable
 
 MODELS = [
     "asyncio_sockets", "asyncio_buffered", "uvloop_protocol", "uvloop_streams",
@@ -28,10 +28,14 @@ STALLED_AFTER = 0.3  # seconds without send progress
 
 def started(impl, **kwargs):
     server = ServerProcess(impl, cpu=None, **kwargs)
+    broken = None
     try:
         return server.start()
-    except ServerUnavailable as exc:
+    except ServerUnavailable as exc:  # not installed, not on PATH, not on this Python
         pytest.skip(str(exc))
+    except ServerBroken as exc:  # our own code does not import or build: never a skip
+        broken = str(exc)
+    pytest.fail(broken, pytrace=False)  # outside the except: no chained traceback
 
 
 def send_until_stalled(sock, timeout=20.0):

@@ -25,10 +25,17 @@ SLACK = 1.5
 
 
 def _unavailable(name):
+    """The skip reason (a package not installed or not importable on this Python), or None;
+    fails the test, in one line, when the mode's own module does not import."""
+    broken = None
     try:
         pcbzmq.MODES[name].check()
     except Unavailable as exc:
         return str(exc)
+    except pcbzmq.Broken as exc:
+        broken = str(exc)
+    if broken is not None:
+        pytest.fail(broken, pytrace=False)  # outside the except: no chained traceback
     return None
 
 
@@ -304,6 +311,60 @@ def test_dependency_that_does_not_import_is_unavailable(monkeypatch, tmp_path):
         Session(broken).open()
 
 
+# A bug planted in a copy of the project's own module (after its __future__ import), and what
+# the failure's one line says about it.
+PLANTED_BUGS = {
+    "NameError": ("pcb_planted_bug", "NameError: name 'pcb_planted_bug' is not defined"),
+    "SyntaxError": ("def pcb_planted_bug(:", "SyntaxError: "),
+    "ImportError": ("from pyconcbench.zmq._common import pcb_planted_bug",
+                    "ImportError: cannot import name 'pcb_planted_bug' from 'pyconcbench.zmq._common'"),
+}
+
+
+def _broken_copy(directory, name, planted):
+    """Writes the project's ``_pyzmq.py`` as ``directory/name.py`` with the line ``planted``
+    right after its __future__ import; returns that line's number."""
+    lines = (pathlib.Path(pcbzmq.__file__).parent / "_pyzmq.py").read_text().splitlines(keepends=True)
+    at = next(i for i, line in enumerate(lines) if line.startswith("from __future__ ")) + 1
+    lines.insert(at, planted + "\n")
+    (directory / (name + ".py")).write_text("".join(lines))
+    return at + 1
+
+
+def _broken_mode(monkeypatch, tmp_path, bug):
+    """A mode whose implementation is a copy of _pyzmq with ``bug`` planted, importable as
+    pyconcbench.zmq._pcb_broken_pyzmq; (mode, the line the bug is on)."""
+    line = _broken_copy(tmp_path, "_pcb_broken_pyzmq", PLANTED_BUGS[bug][0])
+    monkeypatch.setattr(pcbzmq, "__path__", [*pcbzmq.__path__, str(tmp_path)])
+    monkeypatch.delitem(sys.modules, "pyconcbench.zmq._pcb_broken_pyzmq", raising=False)
+    return pcbzmq.Mode("broken", "broken", None, "_pcb_broken_pyzmq", "Single", (), "test"), line
+
+
+@pytest.mark.parametrize("bug", list(PLANTED_BUGS))
+def test_a_broken_project_module_is_broken_not_unavailable(monkeypatch, tmp_path, bug):
+    """Our own module that does not import is a bug (Broken, one line naming the error and
+    where), never Unavailable -- an ImportError included: nothing of ours is 'not installed'."""
+    broken, line = _broken_mode(monkeypatch, tmp_path, bug)
+    with pytest.raises(Exception) as info:
+        Session(broken).open()
+    assert not isinstance(info.value, Unavailable)
+    assert isinstance(info.value, pcbzmq.Broken)
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith("broken: its implementation pyconcbench.zmq._pcb_broken_pyzmq does not "
+                              "import: " + PLANTED_BUGS[bug][1])
+    assert message.endswith("(%s:%d)" % (tmp_path / "_pcb_broken_pyzmq.py", line))
+
+
+def test_a_broken_project_module_fails_the_mode_fixture_not_skips(monkeypatch, tmp_path):
+    broken, line = _broken_mode(monkeypatch, tmp_path, "NameError")
+    monkeypatch.setitem(pcbzmq.MODES, "broken", broken)
+    with pytest.raises(pytest.fail.Exception,
+                       match=r"^broken: its implementation pyconcbench\.zmq\._pcb_broken_pyzmq does not "
+                             r"import: NameError: name 'pcb_planted_bug' is not defined \(.*:%d\)$" % line):
+        _unavailable("broken")
+
+
 def test_absolute_zmq_import_is_pyzmq():
     """``pyconcbench.zmq`` does not shadow pyzmq: inside it ``import zmq`` is pyzmq."""
     zmq = pytest.importorskip("zmq")
@@ -405,3 +466,22 @@ def test_small_benchmark_run(suite):
         assert len({tuple(t["cpus"]) for t in info["threads"]}) == 1
         assert len(info["threads"][0]["cpus"]) == 1
     assert "pyzmq" in info["versions"]
+
+
+def test_a_broken_project_module_fails_the_benchmark_not_skips(suite, tmp_path):
+    """The benchmark module with pyconcbench.zmq._pyzmq replaced by a copy with a NameError:
+    one failure with its one line, not a skip (before, a planted bug gave a green run)."""
+    if _unavailable("pyzmq_single"):
+        pytest.skip(_unavailable("pyzmq_single"))
+    planted = tmp_path / "planted"
+    planted.mkdir()
+    line = _broken_copy(planted, "_pyzmq", PLANTED_BUGS["NameError"][0])
+    suite.makeconftest("import pyconcbench.zmq\npyconcbench.zmq.__path__.insert(0, %r)\n" % str(planted))
+    result = suite.runpytest_subprocess("-k", "pyzmq_single-200B-if1]", "--pcb-messages", "50",
+                                        "--pcb-rounds", "1")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([  # the failure's whole report: one line, no traceback
+        "*_ test_zmq[[]pyzmq_single-200B-if1] _*",
+        "pyzmq_single-200B-if1: pyzmq_single: its implementation pyconcbench.zmq._pyzmq does not import: "
+        "NameError: name 'pcb_planted_bug' is not defined (%s:%d)" % (planted / "_pyzmq.py", line),
+        "=*"], consecutive=True)

@@ -17,7 +17,9 @@ BUILD_TIMEOUT = 300.0
 
 
 class GoBuildError(RuntimeError):
-    """No usable Go toolchain, or the build failed: the message says why, in one line."""
+    """The build failed or could not run: a compile error in the source, a toolchain or cache
+    that does not work, a timeout, or 'go' not on PATH (which callers check first: that alone
+    is their skip reason; everything else here is a failure).  The message is one line."""
 
 
 def cache_root() -> str:

@@ -24,11 +24,10 @@ from dataclasses import dataclass
 from typing import Callable, List, Optional, Tuple, Union
 
 from pyconcbench import plain, servers
-from pyconcbench.serve import (Unusable, implementation_hook, loopback_address,
-                               set_parent_death_signal)
+from pyconcbench.serve import (EXIT_BROKEN, EXIT_MISSING, EXIT_UNUSABLE, Unusable,
+                               implementation_hook, loopback_address, set_parent_death_signal)
 
 STDERR_TAIL_LINES = 20
-EXIT_UNUSABLE = 2  # pyconcbench.serve: cannot run as asked (unknown impl, missing dependency)
 
 #: The allocator states a server is measured in.
 #:
@@ -59,7 +58,13 @@ class ServerError(RuntimeError):
 
 
 class ServerUnavailable(ServerError):
-    """The implementation cannot run here (unknown id or a missing optional dependency)."""
+    """The implementation is not available here: a tool not on PATH, a package not installed,
+    or a release that does not run on this Python (serve's exit code 3).  The only skip."""
+
+
+class ServerBroken(ServerError):
+    """The project's own code for the implementation does not import or build (serve's exit
+    code 4, or the Go peer's build in ``prepare``): a bug, never a skip.  One line."""
 
 
 @dataclass(frozen=True)
@@ -154,17 +159,23 @@ def child_servers() -> List[int]:
 def prepare(impl: str) -> None:
     """Runs the one-time preparation of an external peer (building the Go program, see
     ``pyconcbench.servers.peers``) in this process, so that it does not count against the
-    server's READY timeout.  Only implementations that run tools on PATH have any; whatever
-    goes wrong here is left for the server to report, in its one line."""
+    server's READY timeout.  Only implementations that run tools on PATH have any.  A tool or
+    package missing is left for the server to report, in its one line; our own code that does
+    not import or build (the Go peer's source) raises ServerBroken here, at once."""
     spec = servers.IMPLS.get(impl)
     if spec is None or not spec.tools:
         return
+    broken = None
     try:
         hook = implementation_hook(servers.load(impl), "prepare")
         if hook is not None:
             hook()
     except servers.MissingDependency:
         pass
+    except servers.Broken as exc:
+        broken = str(exc)
+    if broken is not None:
+        raise ServerBroken(broken)  # outside the except: no chained traceback
 
 
 def _reap(proc: subprocess.Popen, stderr, tmpdir: Optional[str]) -> None:
@@ -263,7 +274,8 @@ class ServerProcess:
     def start(self) -> "ServerProcess":
         """Starts the server (after its one-time preparation, see ``prepare``) and waits for
         its READY line; raises ServerError (killing the process) if it exits or stays silent,
-        ServerUnavailable if it cannot run here."""
+        ServerUnavailable if it is not available here (the only skip), ServerBroken if the
+        project's own code for it does not import or build."""
         if self._proc is not None:
             raise ServerError("server %r already started" % self.impl)
         prepare(self.impl)
@@ -380,9 +392,14 @@ class ServerProcess:
         except subprocess.TimeoutExpired:  # closed its stdout but lives on
             self._proc.kill()
             code = self._proc.wait()
-        if code == EXIT_UNUSABLE:
-            lines = self.stderr_text().strip().splitlines()
-            raise ServerUnavailable(lines[-1] if lines else "server %r unavailable" % self.impl)
+        lines = self.stderr_text().strip().splitlines()
+        line = lines[-1] if lines else "(stderr empty)"
+        if code == EXIT_MISSING:
+            raise ServerUnavailable(line)
+        if code == EXIT_BROKEN:
+            raise ServerBroken(line)
+        if code == EXIT_UNUSABLE:  # the harness asked for what cannot be: a failure
+            raise ServerError("server %r cannot run as asked (exit code %d): %s" % (self.impl, code, line))
         raise ServerError(self._with_stderr(
             "server %r exited with code %s before READY" % (self.impl, code)
         ))
@@ -591,7 +608,7 @@ class PlainServer(ServerProcess):
         return {"preexec_fn": _pin_and_arm(self.cpu)}
 
     def _raise_exited_before_ready(self) -> None:
-        # exit code 2 is serve's "cannot run here"; for a script of ours it is a failure
+        # serve's exit codes mean nothing here: any exit before READY of a script of ours is a failure
         try:
             code = self._proc.wait(self.stop_timeout)
         except subprocess.TimeoutExpired:

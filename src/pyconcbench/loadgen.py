@@ -18,7 +18,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from . import _native
+from . import _native, stats
 
 __all__ = [
     "FdLimitError",
@@ -41,8 +41,9 @@ FD_MARGIN = 64
 MAX_PAYLOAD_MEMORY = 2 << 30
 #: A load generator busier than this share of one CPU may be what limits the rate.
 LOADGEN_BOUND_SHARE = 0.90
-#: A connection that completed fewer round trips than this share of the mean is starving.
-STARVING_SHARE = 0.10
+#: A connection that completed fewer round trips than this share of the mean is starving
+#: (defined in stats, which the report can import without the C extension).
+STARVING_SHARE = stats.STARVING_SHARE
 
 ERROR_KINDS = ("connect_refused", "connect_other", "reset", "early_eof", "timeout",
                "payload_mismatch", "io")
@@ -395,8 +396,16 @@ def run(spec: LoadSpec) -> LoadResult:
 
 
 def merge_percentiles(bucket_lists: Sequence[Sequence[Tuple[int, int]]],
-                      percentiles: Sequence[float] = (50, 90, 95, 99, 99.9)) -> List[int]:
-    """Percentiles (ns, bucket high values) over several phases' histogram buckets."""
+                      percentiles: Sequence[float] = (50, 90, 95, 99, 99.9), *,
+                      maximum: Optional[int]) -> List[int]:
+    """Percentiles (ns) over several phases' histogram buckets, as the engine's histogram
+    reports them for one phase (native/pcb_hist.c, pcb_hist_percentiles): the highest value of
+    the bucket holding the percentile, never above ``maximum``, the exact largest value the
+    phases recorded (the largest of their ``latency["max"]``; None only where none is known,
+    and then a percentile may exceed the largest value by one bucket's width).  All zeros when
+    no bucket holds anything; ValueError for a percentile outside 0..100."""
+    if not all(0.0 <= p <= 100.0 for p in percentiles):
+        raise ValueError(f"merge_percentiles: percentiles must be within 0..100, not {list(percentiles)}")
     merged: Dict[int, int] = {}
     for buckets in bucket_lists:
         for high, count in buckets:
@@ -407,13 +416,13 @@ def merge_percentiles(bucket_lists: Sequence[Sequence[Tuple[int, int]]],
         return [0 for _ in percentiles]
     items = sorted(merged.items())
     for p in percentiles:
-        need = max(1.0, p / 100.0 * total)
+        need = max(1.0, p / 100.0 * total)  # <= total: some bucket reaches it
         seen = 0
         for high, count in items:
             seen += count
             if seen >= need:
                 out.append(high)
                 break
-        else:
-            out.append(items[-1][0])
+    if maximum is not None:
+        out = [min(v, maximum) for v in out]
     return out

@@ -90,25 +90,28 @@ class CpuSnapshot:
     resolution), good for the user share over many rounds, too coarse for one short round.
     """
 
-    machine: float
+    machine: Optional[float]  # None: /proc/stat unreadable
     own: float
     server_user: float
     server_sys: float
-    server_runtime: float
+    server_runtime: Optional[float]  # None: the server's /proc/PID/task unreadable
 
-    def other_since(self, earlier: "CpuSnapshot") -> float:
-        """CPU seconds used by every other process between the two snapshots."""
+    def other_since(self, earlier: "CpuSnapshot") -> Optional[float]:
+        """CPU seconds used by every other process between the two snapshots; None when the
+        machine's busy time could not be read (unknown, never a silent 0.0)."""
+        if self.machine is None or earlier.machine is None:
+            return None
         total = self.machine - earlier.machine
         own = self.own - earlier.own
         server = (self.server_user + self.server_sys) - (earlier.server_user + earlier.server_sys)
         return max(0.0, total - own - server)
 
 
-def machine_busy_seconds() -> float:
-    """Non-idle CPU seconds of all CPUs since boot (/proc/stat), 0.0 when unreadable."""
+def machine_busy_seconds() -> Optional[float]:
+    """Non-idle CPU seconds of all CPUs since boot (/proc/stat), None when unreadable."""
     text = _read("/proc/stat")
     if not text:
-        return 0.0
+        return None
     fields = text.split("\n", 1)[0].split()[1:]
     ticks = [int(x) for x in fields]
     # user nice system idle iowait irq softirq steal guest guest_nice; guests are in user.
@@ -125,26 +128,29 @@ def process_cpu(pid: int) -> Optional[tuple]:
     return int(rest[11]) / CLK_TCK, int(rest[12]) / CLK_TCK
 
 
-def process_runtime(pid: int) -> float:
+def process_runtime(pid: int) -> Optional[float]:
     """On-CPU seconds of a process's live threads, ns-precise (/proc/PID/task/*/schedstat);
-    0.0 when unavailable.  Threads that already exited are not counted."""
+    None when unavailable (the process is gone, or the kernel has no schedstat).  Threads that
+    exit between the listing and the read are not counted."""
     total = 0
+    read = 0
     try:
         tasks = os.listdir(f"/proc/{pid}/task")
     except OSError:
-        return 0.0
+        return None
     for tid in tasks:
         text = _read(f"/proc/{pid}/task/{tid}/schedstat")
         if text:
             total += int(text.split()[0])
-    return total / 1e9
+            read += 1
+    return total / 1e9 if read else None
 
 
 def snapshot(server_pid: Optional[int]) -> CpuSnapshot:
     own = process_cpu(os.getpid()) or (0.0, 0.0)
     server = process_cpu(server_pid) if server_pid else None
     server = server or (0.0, 0.0)
-    runtime = process_runtime(server_pid) if server_pid else 0.0
+    runtime = process_runtime(server_pid) if server_pid else None
     return CpuSnapshot(machine_busy_seconds(), own[0] + own[1], server[0], server[1], runtime)
 
 

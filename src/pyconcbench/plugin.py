@@ -22,7 +22,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import pytest
 
 from . import gate, harness, loadgen, machine, plain, servers, syscalls
-from .summary import echo_table, size_label, syscall_table
+from .summary import ceiling_table, echo_table, size_label, syscall_table
 
 # ---- settings ---------------------------------------------------------------------------
 
@@ -386,6 +386,7 @@ def resolve_settings(config: pytest.Config) -> Settings:
 
 SETTINGS_KEY = pytest.StashKey[Settings]()
 RESULTS_KEY = pytest.StashKey[List[Dict[str, Any]]]()
+CEILING_KEY = pytest.StashKey[List[Dict[str, Any]]]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -406,6 +407,7 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     settings = config.stash[SETTINGS_KEY] = resolve_settings(config)
     config.stash[RESULTS_KEY] = []
+    config.stash[CEILING_KEY] = []
     if settings.fail_on:
         config.pluginmanager.register(GatePlugin(config, settings), GatePlugin.NAME)
 
@@ -564,7 +566,7 @@ class RoundRecord:
     server_cpu: float   # on-CPU seconds, ns-precise
     server_user: float  # clock-tick split, 10 ms resolution
     server_sys: float
-    other_cpu: float
+    other_cpu: Optional[float]  # None: /proc/stat unreadable, the other-CPU check could not run
     probe_before: Optional[float]
     probe_after: Optional[float]
     noisy: str  # why it was noisy, "" when clean
@@ -631,6 +633,11 @@ class EchoRunner:
             result = session.round()
             finished = time.perf_counter()
             after = machine.snapshot(self.server.measured_pid)
+            if before.server_runtime is None or after.server_runtime is None:
+                self.server.check_alive()
+                raise harness.ServerError(
+                    f"cannot read server {self.case.impl!r}'s CPU time from "
+                    f"/proc/{self.server.measured_pid}/task/*/schedstat: its CPU per message would be unknown")
             probe_after = self._probe()
             speed_after = self.speed.probe() if self.speed is not None else None
             rec = RoundRecord(
@@ -696,6 +703,12 @@ class EchoRunner:
         return outcome
 
 
+def _sig(x: float) -> float:
+    """Four significant digits: Jain's index is as small as 1/connections (5e-5 at 20k), which
+    four decimals would save as 0.0."""
+    return float(f"{x:.4g}")
+
+
 def _us(ns: float) -> float:
     return round(ns / 1000.0, 3)
 
@@ -722,7 +735,8 @@ class EchoOutcome:
             for kind, n in r.errors.items():
                 if n:
                     errors[kind] = errors.get(kind, 0) + n
-        pct = loadgen.merge_percentiles([r.latency_buckets for r in results])
+        pct = loadgen.merge_percentiles([r.latency_buckets for r in results],
+                                        maximum=max(r.latency["max"] for r in results))
         s_cpu = sum(r.server_cpu for r in recs)
         ticks_user = sum(r.server_user for r in recs)
         ticks_sys = sum(r.server_sys for r in recs)
@@ -753,7 +767,7 @@ class EchoOutcome:
             "latency_p99_us": _us(pct[3]),
             "latency_p99_9_us": _us(pct[4]),
             "latency_max_us": _us(max(r.latency["max"] for r in results)),
-            "fairness_jain": round(min(r.fairness.jain for r in results), 4),
+            "fairness_jain": _sig(min(r.fairness.jain for r in results)),
             "fairness_min": min(r.fairness.min for r in results),
             "fairness_max": max(r.fairness.max for r in results),
             "starving_connections": max(r.fairness.starving for r in results),
@@ -776,10 +790,14 @@ class EchoOutcome:
             "cpu_speed_best_ns": ({str(c): round(v) for c, v in runner.speed.best.items()}
                                   if runner.speed is not None else None),
             "noise_rule": (f"a round is noisy when a fixed loop ran > {machine.SPEED_NOISY_FACTOR}x slower than "
-                           f"its best on either pinned CPU, or the cache-line probe exceeded "
-                           f"{PROBE_NOISY_FACTOR}x its quiet value, or other processes used > "
-                           f"{OTHER_CPU_NOISY_SHARE:.0%} of a CPU; it is measured again up to "
+                           f"its best on either pinned CPU, or the cache-line probe exceeded the larger of "
+                           f"{PROBE_NOISY_FACTOR}x its quiet value and the quiet value + "
+                           f"{PROBE_NOISY_MARGIN_NS:.0f} ns, or other processes used > "
+                           f"{OTHER_CPU_NOISY_SHARE:.0%} of a CPU beyond two clock ticks; it is measured again up to "
                            f"{runner.settings.noise_retries} times, waiting 0.5 s more each time"),
+            # /proc/stat unreadable: the other-CPU part of the noise judge did not run; say so
+            "other_cpu_check": ("unknown: /proc/stat was unreadable" if any(r.other_cpu is None for r in recs)
+                                else "ran"),
             "noisy_rounds_rejected": len(runner.rejected),
             "noisy_rounds_kept": sum(1 for r in recs if r.noisy),
             "timer": "wall time of the accepted load phase (perf_counter less probes and rejected noisy rounds)",
@@ -807,13 +825,13 @@ def _round_dict(rec: RoundRecord) -> Dict[str, Any]:
         "latency_p90_us": _us(r.latency["p90"]),
         "latency_p95_us": _us(r.latency["p95"]),
         "latency_p99_us": _us(r.latency["p99"]),
-        "fairness_jain": round(r.fairness.jain, 4),
+        "fairness_jain": _sig(r.fairness.jain),
         "loadgen_cpu_share": round(r.loadgen_cpu_share, 3),
         "server_cpu": round(cpu, 6),
         "server_ticks_user": round(rec.server_user, 3),
         "server_ticks_sys": round(rec.server_sys, 3),
         "server_cpu_us_per_msg": round(cpu / r.completed * 1e6, 3) if r.completed else None,
-        "other_cpu_share": round(rec.other_cpu / r.elapsed, 3) if r.elapsed else None,
+        "other_cpu_share": round(rec.other_cpu / r.elapsed, 3) if r.elapsed and rec.other_cpu is not None else None,
         "probe_before_ns": round(rec.probe_before, 1) if rec.probe_before else None,
         "probe_after_ns": round(rec.probe_after, 1) if rec.probe_after else None,
         "cpu_speed_before": _ratios(rec.speed_before),
@@ -833,6 +851,12 @@ def _ratios(speed: Optional[Dict[int, float]]) -> Optional[Dict[str, float]]:
 @pytest.fixture(scope="session")
 def pcb_settings(pytestconfig: pytest.Config) -> Settings:
     return pytestconfig.stash[SETTINGS_KEY]
+
+
+@pytest.fixture(scope="session")
+def pcb_ceiling_results(pytestconfig: pytest.Config) -> List[Dict[str, Any]]:
+    """Where the load-generator ceiling benchmark puts its extra_info, for the summary table."""
+    return pytestconfig.stash[CEILING_KEY]
 
 
 @pytest.fixture(scope="session")
@@ -1047,12 +1071,15 @@ def echo_server(request: pytest.FixtureRequest, echo_case: EchoCase, pcb_setting
     kind = harness.PlainServer if echo_case.plain else harness.ServerProcess
     server = kind(echo_case.impl, transport=echo_case.transport, cpu=cpus[0] if cpus else None,
                   malloc=echo_case.malloc, stop_timeout=stop_timeout)
+    failure = None
     try:
         server.start()
-    except harness.ServerUnavailable as exc:
+    except harness.ServerUnavailable as exc:  # not installed, not on PATH, not on this Python
         pytest.skip(str(exc))
-    except harness.ServerError as exc:
-        pytest.fail(str(exc), pytrace=False)
+    except harness.ServerError as exc:  # ServerBroken (our own code) included: never a skip
+        failure = str(exc)
+    if failure is not None:
+        pytest.fail(failure, pytrace=False)  # outside the except: no chained traceback
     try:
         yield server
     finally:
@@ -1116,8 +1143,9 @@ def pytest_benchmark_update_machine_info(config: pytest.Config, machine_info: Di
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     rows = config.stash.get(RESULTS_KEY, None)
-    if not rows:
+    ceiling = config.stash.get(CEILING_KEY, None)
+    if not rows and not ceiling:
         return
     terminalreporter.write_sep("-", "pyconcbench echo results")
-    for line in echo_table(rows) + syscall_table(rows):
+    for line in echo_table(rows or []) + syscall_table(rows or []) + ceiling_table(ceiling or []):
         terminalreporter.write_line(line)

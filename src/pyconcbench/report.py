@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from pyconcbench import stats, summary
+from pyconcbench.stats import STARVING_SHARE
 from pyconcbench.micro.summary import fmt_ns
 from pyconcbench.results import Families, Run, split
 from pyconcbench.summary import BASELINE, size_label
@@ -209,7 +210,8 @@ def echo_scale_tables(infos: Sequence[Dict[str, Any]], transport: str, size: int
     tables.append(_table(f"Fairness — {where}",
                          "Jain's index of the per-connection round-trip counts (1 = perfectly even; the worst "
                          "round), with the fewest and most round trips one connection made in a round; "
-                         "⚠ flags connections that starved (no round trip in a round)",
+                         f"⚠ n starving: in one round, n connections made fewer than {STARVING_SHARE:.0%} of "
+                         "the mean round trips per connection (the most of any round)",
                          cols, head, labels, cells, fair_cell))
     return tables
 
@@ -301,15 +303,20 @@ def echo_section(echo: Sequence[Dict[str, Any]], ceiling: Sequence[Dict[str, Any
         rows = []
         for b in sorted(ceiling, key=lambda b: b["extra_info"].get("connections", 0)):
             i = b["extra_info"]
+            judged = i.get("engine_to_ceiling_paired_median", i.get("engine_to_ceiling"))
+            flag = (f" ⚠ below {summary.ENGINE_CEILING_FLOOR:.2f}"
+                    if isinstance(judged, (int, float)) and judged < summary.ENGINE_CEILING_FLOOR else "")
             rows.append([f"{i.get('connections', '?'):,} conns × {size_label(i.get('size', 64))}",
                          fmt_int(i.get("msgs_per_s")), fmt_int(i.get("engine_msgs_per_s")),
-                         fmt_f(i.get("engine_to_ceiling"), ".2f"), fmt_pct(i.get("loadgen_cpu_share"))])
+                         fmt_f(i.get("engine_to_ceiling"), ".2f") + flag, fmt_pct(i.get("loadgen_cpu_share"))])
         sec.tables.append(Table("Load generator ceiling",
                                 ["scale", "minimal client msgs/s", "engine msgs/s", "engine / minimal",
                                  "load generator CPU"], rows,
                                 "the engine against the native server beside a minimal epoll client that "
                                 "verifies nothing: how close the full engine (histogram, payload checks) "
-                                "comes to the most this machine's loopback allows"))
+                                "comes to the most this machine's loopback allows; below "
+                                f"{summary.ENGINE_CEILING_FLOOR:.2f} (the paired median) the fastest servers' "
+                                "rates are the engine's limit"))
     return sec
 
 

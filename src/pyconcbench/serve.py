@@ -5,7 +5,11 @@
 stdout carries exactly two lines, each a JSON object: ``READY {...}`` once the socket listens,
 and the usage report after the server stops (on SIGTERM, SIGINT, SIGHUP or parent death).
 Exit codes: 0 stopped cleanly; 1 the implementation raised; 2 it cannot run as asked (bad
-arguments, unknown implementation, missing dependency, non-loopback host, bind failure).
+arguments, unknown implementation, non-loopback host, bind failure, CPU not allowed); 3 it is
+not available here (a tool not on PATH, a package not installed, a release that does not run on
+this Python: the only exit the harness turns into a skip); 4 the project's own code for it does
+not import or build (a module of ours raising on import, the Go peer's source not compiling: a
+bug).  Every refusal is one line on stderr.
 
 An implementation whose work runs in another process (an external peer: ``go_net``,
 ``node_net``) defines two optional hooks beside ``serve`` in its module:
@@ -36,7 +40,9 @@ from pyconcbench import servers
 
 PROG = "pyconcbench.serve"
 EXIT_FAILED = 1
-EXIT_UNUSABLE = 2
+EXIT_UNUSABLE = 2  # cannot run as asked
+EXIT_MISSING = 3  # not available here: a skip
+EXIT_BROKEN = 4  # our own code does not import or build: a failure
 PR_SET_PDEATHSIG = 1
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 #: The block ``allocator_probe`` allocates: what ``sock.recv(256 KiB)`` asks malloc for (a bytes
@@ -292,7 +298,13 @@ def main(argv=None) -> int:
         check_slowdown(args.impl)
         serve = servers.load(args.impl)
         sock = listen(args)
-    except (Unusable, servers.UnknownImpl, servers.MissingDependency) as exc:
+    except servers.MissingDependency as exc:
+        print("%s: %s" % (PROG, exc), file=sys.stderr)
+        return EXIT_MISSING
+    except servers.Broken as exc:
+        print("%s: %s" % (PROG, exc), file=sys.stderr)
+        return EXIT_BROKEN
+    except (Unusable, servers.UnknownImpl) as exc:
         print("%s: %s" % (PROG, exc), file=sys.stderr)
         return EXIT_UNUSABLE
 
@@ -329,7 +341,10 @@ def main(argv=None) -> int:
                 ready["worker_pid"] = start(sock, stats)
             except servers.MissingDependency as exc:
                 print("%s: %s" % (PROG, exc), file=sys.stderr)
-                return EXIT_UNUSABLE
+                return EXIT_MISSING
+            except servers.Broken as exc:
+                print("%s: %s" % (PROG, exc), file=sys.stderr)
+                return EXIT_BROKEN
             except Exception as exc:
                 print("%s: %s failed to start: %s: %s" % (PROG, args.impl, type(exc).__name__, exc),
                       file=sys.stderr)

@@ -14,6 +14,9 @@ _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
          2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
          2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
 
+#: A connection that completed fewer round trips than this share of the mean is starving.
+STARVING_SHARE = 0.10
+
 #: Above this many ways to split the pooled samples, the test uses the normal approximation.
 EXACT_LIMIT = 20000
 

@@ -87,6 +87,8 @@ def echo_table(rows: Iterable[Dict[str, Any]]) -> List[str]:
                 notes.append(f"{r['starving_connections']} starving connections")
             if r.get("noisy_rounds_kept"):
                 notes.append(f"{r['noisy_rounds_kept']} noisy rounds kept")
+            if str(r.get("other_cpu_check", "ran")).startswith("unknown"):
+                notes.append("other processes' CPU unknown (/proc/stat unreadable)")
             notes += comparison_notes(r, group)
             ratio = r["msgs_per_s"] / base["msgs_per_s"] if base and base["msgs_per_s"] else None
             overhead = None
@@ -101,6 +103,37 @@ def echo_table(rows: Iterable[Dict[str, Any]]) -> List[str]:
                 f"{r['server_cpu_share'] * 100:>6.0f}% {r['loadgen_cpu_share'] * 100:>5.0f}%  "
                 + "; ".join(notes)
             )
+    return lines
+
+
+#: The measuring engine should reach this share of the load generator's minimal loop (the
+#: ceiling): below it, the engine's own per-message work limits the fastest servers' rows.
+ENGINE_CEILING_FLOOR = 0.95
+
+
+def ceiling_table(rows: Iterable[Dict[str, Any]]) -> List[str]:
+    """The load generator's ceiling against native_epoll and the share of it the measuring
+    engine reaches, flagged below ENGINE_CEILING_FLOOR (a flag, not a failure: the figure is
+    timed, so it moves with the machine)."""
+    rows = sorted(rows, key=lambda r: r.get("connections", 0))
+    if not rows:
+        return []
+    lines = ["", "load generator ceiling against native_epoll (64B over tcp): minimal loop vs measuring engine",
+             f"{'connections':>11} {'ceiling msgs/s':>14} {'engine msgs/s':>13} {'engine/ceiling':>14} "
+             f"{'paired median':>13}  notes"]
+    for r in rows:
+        ratio = r.get("engine_to_ceiling")
+        paired = r.get("engine_to_ceiling_paired_median")
+        notes = []
+        judged = paired if paired is not None else ratio
+        if judged is None:
+            notes.append("engine_to_ceiling missing")
+        elif judged < ENGINE_CEILING_FLOOR:
+            notes.append(f"⚠ engine below {ENGINE_CEILING_FLOOR:.0%} of the ceiling: the fastest servers' "
+                         f"rates here are the engine's limit")
+        lines.append(f"{r.get('connections', 0):>11} {_fmt(r.get('msgs_per_s'), ',.0f'):>14} "
+                     f"{_fmt(r.get('engine_msgs_per_s'), ',.0f'):>13} {_fmt(ratio, '.3f'):>14} "
+                     f"{_fmt(paired, '.3f'):>13}  " + "; ".join(notes))
     return lines
 
 

@@ -14,7 +14,8 @@ pytest-benchmark's own round time is the wall time of the whole round.
                                          every depth measured so far
 
 ``pytest tests/bench -k switch`` runs them all; a table is printed at the end.  Cases whose
-module (greenlet, gevent, uvloop) or toolchain (go) is missing are skipped with the reason.
+module (greenlet, gevent, uvloop) or toolchain (go) is missing are skipped with the reason;
+Go baselines that do not build (``go`` on PATH) fail, in one line.
 """
 from typing import Any, Dict, List
 
@@ -72,11 +73,17 @@ def libuv_reserve_fds():
 
 def _run(case: micro.Case, benchmark, pcb_settings, summary: SwitchSummary) -> Dict[str, Any]:
     runner = micro.Runner(case, pcb_settings.cpus)
+    skipped = failure = None
     try:
         runner.check_available()
-    except micro.Unavailable as exc:
-        pytest.skip(str(exc))
-    failure = None
+    except micro.Unavailable as exc:  # not installed, not on PATH, one CPU
+        skipped = str(exc)
+    except micro.Broken as exc:  # our own code (the Go baselines) does not build
+        failure = f"{case.id}: {exc}"
+    if skipped is not None:
+        pytest.skip(skipped)
+    if failure is not None:
+        pytest.fail(failure, pytrace=False)  # one line, no chained traceback
     try:
         extra = runner.run(benchmark.pedantic)
     except (micro.WorkloadError, OSError, RuntimeError) as exc:

@@ -118,9 +118,9 @@ def test_zmq(zmq_case, benchmark, pcb_settings, pcb_probe_baseline, pcb_speed_ga
         with session:
             session.warmup(min(WARMUP, requests))
             benchmark.pedantic(one_round, rounds=rounds, iterations=1, warmup_rounds=0)
-    except pcbzmq.Unavailable as exc:
+    except pcbzmq.Unavailable as exc:  # a package not installed, or not importable on this Python
         skipped = str(exc)
-    except pcbzmq.RoundError as exc:
+    except (pcbzmq.RoundError, pcbzmq.Broken) as exc:  # Broken: our own module does not import
         failure = "%s: %s" % (zmq_case.id, exc)
     # Outside the except blocks: one line, no chained traceback.
     if skipped is not None:

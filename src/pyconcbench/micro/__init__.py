@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import gc
 import importlib
+import importlib.util
 import os
 import platform
 import statistics
@@ -39,10 +40,11 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from ..broken import Broken
 from . import workloads
 from .workloads import WorkloadError
 
-__all__ = ["Case", "Sample", "Runner", "Unavailable", "WorkloadError", "cases", "find",
+__all__ = ["Broken", "Case", "Sample", "Runner", "Unavailable", "WorkloadError", "cases", "find",
            "fit_line", "DEPTHS", "YIELD_THREADS", "GOSCHED_GOROUTINES"]
 
 #: The depth sweep: delegating levels of ``yield from`` / ``await``.
@@ -58,7 +60,9 @@ GROUPS = {"switch": "switch-{family}", "create": "create", "handoff": "handoff",
 
 
 class Unavailable(Exception):
-    """The case cannot run here (a missing module or toolchain, one CPU): a skip reason."""
+    """The case cannot run here (a module not installed or not importable on this Python, 'go'
+    not on PATH, one CPU): a skip reason.  Our own code that does not build (the Go baselines)
+    is ``Broken`` instead: a failure."""
 
 
 @dataclass(frozen=True)
@@ -453,7 +457,8 @@ class Runner:
     # -- availability ------------------------------------------------------------------------
 
     def check_available(self) -> None:
-        """Raises Unavailable (a one-line reason) when the case cannot run here."""
+        """Raises Unavailable (a one-line reason) when the case cannot run here, decided
+        before any of its code runs; Broken (one line) when the Go baselines do not build."""
         if not self.cpus:
             raise Unavailable(f"{self.case.id} needs {self.case.cpus} CPUs to pin to; this "
                               f"process may use {sorted(os.sched_getaffinity(0))}")
@@ -468,15 +473,23 @@ class Runner:
                 from . import golang
 
                 try:
-                    golang.build()
+                    golang.build()  # Broken, a failure, when it does not build
                 except golang.GoUnavailable as exc:
                     raise Unavailable(str(exc)) from None
             else:
                 try:
+                    found = importlib.util.find_spec(need) is not None
+                except ValueError:  # imported already, without a spec
+                    found = True
+                if not found:
+                    raise Unavailable(f"{self.case.id} needs {need} (not installed); install "
+                                      f"pyconcbench[{need}]")
+                try:
                     importlib.import_module(need)
-                except ImportError as exc:
-                    raise Unavailable(f"{self.case.id} needs {need} ({exc}); install "
-                                      f"pyconcbench[{need}]") from None
+                except Exception as exc:  # installed, but this release does not import here
+                    raise Unavailable(f"{self.case.id}: {need} does not import on Python "
+                                      f"{platform.python_version()}: {type(exc).__name__}: "
+                                      f"{exc}") from None
 
     # -- one measurement ---------------------------------------------------------------------
 

@@ -13,7 +13,7 @@ import json
 import sys
 from typing import List, Optional
 
-from . import Runner, Unavailable, cases
+from . import Broken, Runner, Unavailable, cases
 from .summary import spread_between, table
 
 
@@ -56,12 +56,17 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"{c.test}:{c.id:<32} {c.group:<14} {c.loops:>11} loops x {c.rounds} rounds  {c.op}")
         return 0
     results = {}
+    status = 0
     for c in selected:
         runner = Runner(c, args.cpus)
         try:
             extra = runner.run(rounds=args.rounds)
         except Unavailable as exc:
             print(f"{c.test}:{c.id}: skipped: {exc}", file=sys.stderr)
+            continue
+        except Broken as exc:  # our own code does not build: a failure, never a skip
+            print(f"{c.test}:{c.id}: failed: {exc}", file=sys.stderr)
+            status = 1
             continue
         results[f"{c.test}:{c.id}"] = extra
         print(f"{c.test}:{c.id:<34} {extra['ns_per_op']:>12.3f} ns/op  spread "
@@ -71,7 +76,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
-    return 0
+    return status
 
 
 if __name__ == "__main__":

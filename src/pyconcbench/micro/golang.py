@@ -6,6 +6,10 @@ with its own GOCACHE and GOPATH there, as the ``go_net`` echo peer is.  Each rou
 pinned to one CPU with ``GOMAXPROCS=1`` (the default of the Go the study used, 1.3): it times
 the case inside Go and prints one JSON line.  ``python -m pyconcbench.micro.golang`` builds it
 ahead.
+
+Only ``go`` missing from PATH is a skip (GoUnavailable).  With ``go`` there, a build that fails
+-- a compile error in ``switch.go``, a toolchain or cache that does not work -- is ``Broken``:
+a failure in one line, never a skip.
 """
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ import sys
 from typing import Any, Dict, Optional
 
 from pyconcbench import gobuild
+from pyconcbench.broken import Broken
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "go", "switch.go")
 BUILD_TIMEOUT = 300.0
@@ -25,25 +30,26 @@ RUN_TIMEOUT = 120.0
 
 
 class GoUnavailable(RuntimeError):
-    """No usable Go toolchain (the message says why, in one line)."""
+    """'go' is not on PATH: the Go cases' one skip reason (one line)."""
 
 
 def build() -> str:
     """Returns the path of the built program, building it first unless a build of this source
-    with this Go toolchain is cached.  Raises GoUnavailable when it cannot."""
-    if shutil.which("go") is None:
+    with this Go toolchain is cached.  Raises GoUnavailable when 'go' is not on PATH, Broken
+    when the build fails (one line each)."""
+    if shutil.which("go") is None:  # decided before any of our Go code is built
         raise GoUnavailable("the Go baselines need 'go' on PATH (not found)")
     try:
         return gobuild.build(SOURCE, "micro_go", "switch", BUILD_TIMEOUT)
     except gobuild.GoBuildError as exc:
-        raise GoUnavailable(f"cannot build the Go baselines: {exc}") from None
+        raise Broken(f"cannot build the Go baselines: {exc}") from None
 
 
 def run(case: str, loops: int, goroutines: int = 1, cpu: Optional[int] = None,
         timeout: float = RUN_TIMEOUT) -> Dict[str, Any]:
     """Runs one case once; returns its JSON report ({'ops', 'elapsed_ns', 'empty_ns',
     'check', 'gomaxprocs', 'go', ...}).  RuntimeError when the program fails or times out
-    (it is killed and reaped)."""
+    (it is killed and reaped), or does not build (Broken, a RuntimeError)."""
     binary = build()
 
     def setup() -> None:
@@ -78,3 +84,6 @@ if __name__ == "__main__":
     except GoUnavailable as exc:
         print(exc, file=sys.stderr)
         sys.exit(2)
+    except Broken as exc:
+        print(exc, file=sys.stderr)
+        sys.exit(1)

@@ -3,6 +3,12 @@
 Each module defines ``serve(sock, stop_fd, stats)``: serve the bound, listening socket ``sock``
 (TCP or UNIX) until the file descriptor ``stop_fd`` becomes readable, then return.  Servers never
 print; they count into ``stats``.  Adding a model is one ``IMPLS`` line plus one module.
+
+``load`` decides whether an implementation can run here before any of its module runs: a tool
+not on PATH, a package not installed, or installed but not importing on this Python, is
+``MissingDependency`` (a skip reason), and so is what a module raises as such itself (a release
+too old, or one that does not run on this Python).  Anything else its module raises on import
+is ``Broken``: a bug of ours, reported in one line, never a skip.
 """
 from __future__ import annotations
 
@@ -11,8 +17,11 @@ import importlib
 import importlib.util
 import os
 import shutil
+import sys
 import time
 from typing import Callable, NamedTuple, Tuple
+
+from pyconcbench.broken import Broken, describe
 
 
 class Impl(NamedTuple):
@@ -107,7 +116,9 @@ class UnknownImpl(ValueError):
 
 
 class MissingDependency(ImportError):
-    pass
+    """The implementation cannot run here: a tool not on PATH, a package not installed, or a
+    release that does not run on this Python.  The only skip reason; the message says what to
+    install."""
 
 
 class Stats:
@@ -145,29 +156,59 @@ def load(impl: str) -> ServeFunc:
                 "implementation %r needs %r on PATH (not found)" % (impl, tool)
             )
     for dist in spec.requires:
-        if importlib.util.find_spec(_IMPORT_NAMES.get(dist, dist)) is None:
+        name = _IMPORT_NAMES.get(dist, dist)
+        if importlib.util.find_spec(name) is None:
             raise MissingDependency(
                 "implementation %r needs %s: pip install 'pyconcbench[%s]'"
                 % (impl, dist, _EXTRAS.get(dist, dist))
             )
-    module = importlib.import_module("%s.%s" % (__name__, spec.module))
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # installed, but this release does not import on this Python
+            raise MissingDependency(
+                "implementation %r: %s does not import on Python %d.%d.%d: %s: %s"
+                % (impl, _release(dist), *sys.version_info[:3], type(exc).__name__, exc)
+            ) from None
+    try:
+        module = importlib.import_module("%s.%s" % (__name__, spec.module))
+    except (MissingDependency, Broken):  # the module's own verdict (curio, anyio, _native)
+        raise
+    except Exception as exc:  # our own code
+        raise Broken("implementation %r: its module pyconcbench.servers.%s does not import: %s"
+                     % (impl, spec.module, describe(exc))) from None
     return module.serve
 
 
+def _release(dist: str) -> str:
+    """'curio 1.6', or the distribution's name when its version cannot be read."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return "%s %s" % (dist, version(dist))
+    except (PackageNotFoundError, ValueError):
+        return dist
+
+
 def require_native(impl: str, name: str) -> Callable:
-    """Returns function ``name`` of the C extension, or raises MissingDependency when the
-    extension is not built or predates that function."""
+    """Returns function ``name`` of the C extension.  Raises MissingDependency when the
+    extension is not built (like a package not installed), Broken when it is there but does
+    not import or lacks that function (a stale or broken build of our own code)."""
+    if importlib.util.find_spec("pyconcbench._native") is None:
+        raise MissingDependency(
+            "implementation %r needs the C extension pyconcbench._native, which is not built: "
+            "pip install -e . --no-build-isolation" % impl
+        )
     try:
         from pyconcbench import _native
     except ImportError as exc:
-        raise MissingDependency(
-            "implementation %r needs the C extension pyconcbench._native, which is not built "
-            "(%s): pip install -e . --no-build-isolation" % (impl, exc)
+        raise Broken(
+            "implementation %r: the C extension pyconcbench._native does not import (%s): "
+            "rebuild with pip install -e . --no-build-isolation" % (impl, describe(exc))
         ) from None
     try:
         return getattr(_native, name)
     except AttributeError:
-        raise MissingDependency(
+        raise Broken(
             "implementation %r needs pyconcbench._native.%s, which this build lacks: "
             "rebuild with pip install -e . --no-build-isolation" % (impl, name)
         ) from None

@@ -8,6 +8,10 @@ its own GOCACHE and GOPATH there.  A first build with a cold cache compiles part
 standard library (~10 s on two CPUs): the harness runs it through the ``prepare`` hook before
 it starts the server, so it does not count against the READY timeout;
 ``python -m pyconcbench.servers.go_net`` builds ahead too.
+
+Only ``go`` missing from PATH is a skip (MissingDependency).  With ``go`` there, a build that
+fails -- a compile error in ``echo.go``, a toolchain or cache that does not work -- is
+``Broken``: a failure in one line (``pyconcbench.serve`` exits with code 4), never a skip.
 """
 from __future__ import annotations
 
@@ -15,7 +19,7 @@ import shutil
 import sys
 
 from pyconcbench import gobuild
-from pyconcbench.servers import MissingDependency, Stats
+from pyconcbench.servers import Broken, MissingDependency, Stats
 from pyconcbench.servers.peers import Peer, source
 
 IMPL = "go_net"
@@ -25,19 +29,16 @@ BUILD_TIMEOUT = 300.0
 _peer = Peer(IMPL)
 
 
-def _unusable(why: str) -> MissingDependency:
-    return MissingDependency("implementation %r cannot build its Go peer: %s" % (IMPL, why))
-
-
 def build() -> str:
     """Returns the path of the built peer, building it first unless a build of this source
-    with this Go toolchain is cached.  Raises MissingDependency (one line) when it cannot."""
-    if shutil.which("go") is None:
+    with this Go toolchain is cached.  Raises MissingDependency when 'go' is not on PATH, Broken
+    when the build fails (one line each)."""
+    if shutil.which("go") is None:  # decided before any of our Go code is built
         raise MissingDependency("implementation %r needs 'go' on PATH (not found)" % IMPL)
     try:
         return gobuild.build(SOURCE, IMPL, "echo", BUILD_TIMEOUT)
     except gobuild.GoBuildError as exc:
-        raise _unusable(str(exc)) from None
+        raise Broken("implementation %r cannot build its Go peer: %s" % (IMPL, exc)) from None
 
 
 def prepare() -> None:
@@ -57,8 +58,13 @@ def usage():
 
 
 if __name__ == "__main__":
+    from pyconcbench.serve import EXIT_BROKEN, EXIT_MISSING
+
     try:
         print(build())
     except MissingDependency as exc:
         print(exc, file=sys.stderr)
-        sys.exit(2)
+        sys.exit(EXIT_MISSING)
+    except Broken as exc:
+        print(exc, file=sys.stderr)
+        sys.exit(EXIT_BROKEN)

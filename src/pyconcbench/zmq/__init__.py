@@ -30,8 +30,10 @@ thread's CPUs back from /proc (see ``_placement``).
 
 Modes (``MODES``; the ``-uvloop`` ones run the same code on uvloop instead of asyncio's
 default loop) are listed with ``python -c "import pyconcbench.zmq as z; print(*z.MODES)"``.
-A mode whose dependency is missing, or does not import on this Python, raises
-``Unavailable`` with the reason when a session opens.
+A mode whose dependency is not installed, or is installed but does not import on this Python,
+raises ``Unavailable`` with the reason when a session opens (decided before the mode's own
+module is imported: the skip reasons); a mode whose own module, code of this project, does not
+import raises ``Broken`` with one line naming the error and where: a bug, never a skip.
 
 Requests in flight (``inflight`` = k): ``pyzmq_single`` sends k, serves k, receives k (one
 thread cannot do otherwise with blocking calls); ``aiozmq_rpc`` runs k coroutines that each
@@ -44,6 +46,7 @@ Inside it ``import zmq`` is absolute and means pyzmq.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import math
 import os
 import shutil
@@ -55,11 +58,13 @@ import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
+from ..broken import Broken, describe
 from . import _placement
 from ._common import FAULT_KINDS, ID, Fault, Ledger, RoundError, Spec, Unavailable
 from ._placement import DEFAULT_PLACEMENT, PLACEMENTS
 
 __all__ = [
+    "Broken",
     "Case",
     "DEFAULT_PLACEMENT",
     "FAULT_KINDS",
@@ -127,22 +132,25 @@ class Mode:
         return STUDY.get(self.workload) if self.loop in (None, "asyncio") else None
 
     def check(self) -> None:
-        """Raises Unavailable (with what to install) unless everything this mode needs imports."""
+        """Raises Unavailable (with what to install) when a package this mode needs is not
+        installed, or is installed but does not import on this Python -- both decided before
+        the mode's own module runs -- and Broken (one line) when that module, code of this
+        project, does not import: a bug, never a skip."""
         for name in self.requires:
+            if not _installed(name):
+                pip, extra = _INSTALL.get(name, (name, "all"))
+                raise Unavailable("%s needs %s (pip install %s, or 'pyconcbench[%s]'): not installed"
+                                  % (self.name, pip, pip, extra))
             try:
                 importlib.import_module(name)
-            except ImportError as exc:
-                pip, extra = _INSTALL.get(name, (name, "all"))
-                raise Unavailable("%s needs %s (pip install %s, or 'pyconcbench[%s]'): %s"
-                                  % (self.name, pip, pip, extra, exc)) from None
-            except Exception as exc:  # a release that no longer imports on this Python
+            except Exception as exc:  # installed, but this release does not import on this Python
                 raise Unavailable("%s: %s does not import on Python %s: %s: %s"
                                   % (self.name, name, _python(), type(exc).__name__, exc)) from None
         try:
             importlib.import_module("." + self.module, __name__)
-        except Exception as exc:
-            raise Unavailable("%s: its implementation does not import on Python %s: %s: %s"
-                              % (self.name, _python(), type(exc).__name__, exc)) from None
+        except Exception as exc:  # our own code
+            raise Broken("%s: its implementation pyconcbench.zmq.%s does not import: %s"
+                         % (self.name, self.module, describe(exc))) from None
 
     def load(self) -> Any:
         self.check()
@@ -151,6 +159,15 @@ class Mode:
 
 def _python() -> str:
     return "%d.%d.%d" % sys.version_info[:3]
+
+
+def _installed(name: str) -> bool:
+    """Whether the package of import name ``name`` is installed, found without running any of
+    it (its top-level package; a submodule is then checked by importing it)."""
+    try:
+        return importlib.util.find_spec(name.partition(".")[0]) is not None
+    except ValueError:  # imported already, without a spec
+        return True
 
 
 def _modes() -> Dict[str, Mode]:
@@ -540,7 +557,8 @@ class Session:
 
     def open(self) -> "Session":
         """Starts the server and connects the client; raises Unavailable when the mode cannot
-        run here, RoundError when its setup fails."""
+        run here (a package not installed or not importable on this Python), Broken when its
+        own module does not import, RoundError when its setup fails."""
         if self._workload is not None:
             raise RuntimeError("session already open")
         cls = self.mode.load()
@@ -699,8 +717,13 @@ class Session:
         except BaseException:
             self._failed = "interrupted"
             raise
-        server = after.server_runtime - before.server_runtime if pid else None
-        other = after.other_since(before) if after.machine > 0 else None
+        server = None
+        if pid:
+            if before.server_runtime is None or after.server_runtime is None:
+                raise RoundError("%s: cannot read the server's CPU time from /proc/%d/task/*/schedstat"
+                                 % (self.mode.name, pid))
+            server = after.server_runtime - before.server_runtime
+        other = after.other_since(before)
         return RoundResult(requests=requests, elapsed=elapsed, latencies_ns=tuple(ledger.latencies),
                            cpu=max(0.0, cpu), server_cpu=None if server is None else max(0.0, server),
                            other_cpu=other)

@@ -28,7 +28,7 @@ from typing import Any, Callable, Optional
 
 import zmq
 
-from ._common import FaultyEcho, Ledger, RoundError, Spec, Unavailable, bind, new_context
+from ._common import FaultyEcho, Ledger, RoundError, Spec, bind, new_context
 
 #: How long a server (thread or process) may take to bind and announce itself.
 READY_TIMEOUT = 15.0
@@ -393,8 +393,9 @@ class Process:
                 if not chunk:
                     code = self.proc.wait(STOP_TIMEOUT)
                     tail = self._stderr_tail()
-                    if code == EXIT_UNUSABLE:
-                        raise Unavailable("%s: %s" % (self.spec.mode, tail.lstrip("; ") or "server unusable"))
+                    if code == EXIT_UNUSABLE:  # after the mode's check: our arguments or CPUs, a failure
+                        raise RoundError("%s: the server process cannot run as asked%s"
+                                         % (self.spec.mode, tail or " (stderr empty)"))
                     raise RoundError("%s: the server process exited with code %s before it was ready%s"
                                      % (self.spec.mode, code, tail))
                 out += chunk

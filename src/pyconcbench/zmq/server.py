@@ -3,8 +3,9 @@
 Binds 127.0.0.1 on a port the kernel chooses (or an ipc:// path in the given directory),
 prints ``READY {json}`` with the endpoint, then echoes every request's frames back until
 SIGTERM, SIGINT, SIGHUP or the death of the thread that started it (PR_SET_PDEATHSIG).
-Exit codes: 0 stopped when asked, 1 failed, 2 cannot run here (missing pyzmq, CPU not
-allowed), 3 stopped by an ``exit`` fault (tests).
+Exit codes: 0 stopped when asked, 1 failed, 2 cannot run as asked (bad arguments, CPU not
+allowed, missing pyzmq: the mode checked pyzmq before starting it, so the parent reports this as
+a failure, not a skip), 3 stopped by an ``exit`` fault (tests).
 """
 from __future__ import annotations
 
