@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+import backpressure
 from brokenservers import connect, exchange
 from pyconcbench import harness, loadgen, servers
 
@@ -138,21 +139,11 @@ def test_backpressure_bounds_memory(server):
     before = server.rss_kib()
     hog = connect(server.address)
     hog.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
-    hog.setblocking(False)
-    chunk = b"h" * 65536
-    sent = 0
-    deadline = time.monotonic() + 5.0
-    stuck_since = None
     try:
-        while time.monotonic() < deadline and sent < 256 << 20:
-            try:
-                sent += hog.send(chunk)
-                stuck_since = None
-            except BlockingIOError:
-                stuck_since = stuck_since or time.monotonic()
-                if time.monotonic() - stuck_since > 0.5:
-                    break  # the server stopped reading: backpressure reached us
-                time.sleep(0.005)
+        # Until the server is proven to hold back (unread bytes in its end of the connection
+        # while all its threads sleep), not until a pause a descheduled server could cause.
+        data = backpressure.send_until_backpressure(hog, server.measured_pid, 65536, 256 << 20, timeout=30.0)
+        sent = len(data)
         grown = server.rss_kib() - before
         assert sent < 256 << 20, "the server read 256 MiB from a client that never reads"
         assert grown < BACKPRESSURE_RSS_BOUND_KIB, f"server grew {grown} KiB while {sent} bytes were sent"
@@ -165,7 +156,7 @@ def test_backpressure_bounds_memory(server):
         while received < sent:
             piece = hog.recv(1 << 20)
             assert piece, "EOF before every byte came back"
-            assert piece == b"h" * len(piece)
+            assert piece == data[received:received + len(piece)]
             received += len(piece)
         assert received == sent
     finally:

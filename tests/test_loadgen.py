@@ -104,7 +104,8 @@ def test_unix_socket_path():
 def test_duration_mode_runs_for_about_that_long():
     with BrokenServer("echo") as server:
         r = loadgen.run(spec_for(server, connections=4, messages=0, duration=0.3, warmup_seconds=0.1))
-    assert 0.25 < r.elapsed < 1.5
+    # stops by itself at the duration: the bound is 10x, which no descheduling reaches
+    assert 0.25 < r.elapsed < 3.0
     assert r.completed > 10
 
 
@@ -160,7 +161,13 @@ def test_session_reuses_connections_across_rounds():
 
 # ---- broken servers: each error kind, within its bound -----------------------------------
 
-def run_broken(kind, expect_kind, *, bound=5.0, transport="tcp", **kw):
+# The kind asserted says which mechanism caught the fault (a reset at once, the stall watchdog
+# after stall_timeout, the phase deadline); the time bound only proves the load stops by itself,
+# so it is generous: no descheduling of this shared machine reaches it.
+BOUND = 20.0
+
+
+def run_broken(kind, expect_kind, *, bound=BOUND, transport="tcp", **kw):
     opts = dict(connections=4, size=64, messages=400, warmup_messages=0, stall_timeout=1.0, deadline=10.0)
     opts.update(kw)
     with BrokenServer(kind, transport=transport, at=opts.pop("at", 200)) as server:
@@ -210,18 +217,18 @@ def test_tolerated_errors_let_the_round_finish():
 
 
 def test_server_that_stops_reading_stalls_with_the_waiting_count():
-    err = run_broken("stop_reading", "stall", bound=4.0)
+    err = run_broken("stop_reading", "stall")
     assert "4 of 4 connections waiting" in str(err)
     assert err.errors["timeout"] == 1
 
 
 def test_one_connection_delayed_forever_stalls():
-    err = run_broken("delay_one", "stall", bound=4.0)
+    err = run_broken("delay_one", "stall")
     assert "1 of 4 connections waiting" in str(err)
 
 
 def test_deadline_ends_a_phase():
-    err = run_broken("stop_reading", "deadline", bound=4.0, stall_timeout=30.0, deadline=1.0)
+    err = run_broken("stop_reading", "deadline", stall_timeout=30.0, deadline=1.0)
     assert "deadline" in str(err)
 
 
@@ -230,7 +237,7 @@ def test_connection_refused():
     t0 = time.monotonic()
     with pytest.raises(LoadError) as info:
         loadgen.run(LoadSpec(host=host, port=port, connections=3))
-    assert time.monotonic() - t0 < 2
+    assert time.monotonic() - t0 < BOUND  # refused at once; the bound only catches a hang
     assert info.value.kind == "connect"
     assert info.value.errors["connect_refused"] == 1
     assert "Connection refused" in str(info.value)
@@ -254,7 +261,7 @@ def test_signal_handler_interrupts_a_long_run_promptly():
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
-    assert took < 1.0
+    assert took < 30.0  # the signal, not the 60 s stall timeout or deadline, ended the run
 
 
 # ---- file descriptors ------------------------------------------------------------------

@@ -171,6 +171,8 @@ def test_native_call_is_a_real_call_in_the_disassembly():
 def test_native_syscall_is_made_every_time():
     ns, r = _best("syscall_getpid", 20_000)
     assert r["check"] == 20_000  # every getpid returned this pid
+    # A lower bound: a loaded machine only makes it slower, so noise cannot fail it; a getpid
+    # answered from a cache (1-2 ns) would.
     assert ns / 20_000 > 20  # a kernel entry costs tens of ns at least
 
 
@@ -234,7 +236,7 @@ def test_native_run_is_bounded_by_its_timeout(case):
         native.run(case, 4_000_000_000 if case == "call" else 200_000_000,
                    threads=2 if case == "sched_yield" else 1, cpu_a=CPU_A, cpu_b=CPU_B,
                    timeout=0.3)
-    assert time.monotonic() - t0 < 5.0
+    assert time.monotonic() - t0 < 15.0  # stopped by itself: the run alone would take minutes
     assert _tasks() == tasks
 
 
@@ -253,7 +255,7 @@ def test_native_run_is_interruptible():
         t0 = time.monotonic()
         with pytest.raises(Stop):
             native.run("futex_handoff", 200_000_000, cpu_a=CPU_A, cpu_b=CPU_A, timeout=60)
-        assert time.monotonic() - t0 < 3.0
+        assert time.monotonic() - t0 < 30.0  # the signal ended it, not the 60 s timeout
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
@@ -615,6 +617,8 @@ def test_fork_from_this_process_has_no_study_ratio_and_costs_more():
     assert "not compared" in here["study_note"] and here["parent_pte_kib"] > 0
     assert here["forking_process"].startswith("the measuring process itself")
     assert small["parent_rss_kib"] * 8 < here["parent_rss_kib"]
+    # ~30x apart here (133 us vs 3.9 ms), each the best of 3 rounds: the host's slow spells
+    # (1.2-1.7x) cannot close that gap; an inverted or mixed-up measurement would.
     assert small["ns_per_op_min"] < here["ns_per_op_min"]
     text = "\n".join(table([here, small]))
     assert "no study ratio: not like for like" in text and "MiB resident" in text

@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+import backpressure
 from brokenservers import connect, exchange
 from pyconcbench import servers
 from pyconcbench.harness import ServerBroken, ServerProcess, ServerUnavailable
@@ -19,11 +20,11 @@ MODELS = [
     "asyncio_sockets", "asyncio_buffered", "uvloop_protocol", "uvloop_streams",
     "uvloop_sockets", "uvloop_buffered", "threads", "gevent",
 ]
+STOP_BOUND = 15.0  # s: stop()'s SIGTERM-to-SIGKILL bound in the stop test
 CHUNK = 65536
 # More than every kernel buffer on the path can hold (loopback TCP autotunes to a few MiB per
 # socket): a client that gets this far without being stalled meets a server buffering freely.
 UNBOUNDED = 64 * 1024 * 1024
-STALLED_AFTER = 0.3  # seconds without send progress
 
 
 def started(impl, **kwargs):
@@ -38,28 +39,11 @@ def started(impl, **kwargs):
     pytest.fail(broken, pytrace=False)  # outside the except: no chained traceback
 
 
-def send_until_stalled(sock, timeout=20.0):
-    """Sends distinct random chunks, reading nothing, until no send progress for a while;
-    returns what was sent."""
-    sock.setblocking(False)
-    sent = bytearray()
-    chunk = os.urandom(CHUNK)
-    deadline = time.monotonic() + timeout
-    stalled_since = None
-    while time.monotonic() < deadline and len(sent) < UNBOUNDED:
-        try:
-            n = sock.send(chunk)
-        except BlockingIOError:
-            stalled_since = stalled_since or time.monotonic()
-            if time.monotonic() - stalled_since > STALLED_AFTER:
-                return bytes(sent)
-            time.sleep(0.01)
-            continue
-        sent += chunk[:n]
-        chunk = chunk[n:] or os.urandom(CHUNK)
-        stalled_since = None
-    raise AssertionError("sent %d bytes and the server still reads: unbounded buffering"
-                         % len(sent))
+def send_until_stalled(sock, server, timeout=30.0):
+    """Sends distinct random chunks, reading nothing, until the server is proven to hold back
+    (unread bytes in its end of the connection while all its threads sleep: see
+    tests/backpressure.py, not a timer a descheduled server could trip); returns what was sent."""
+    return backpressure.send_until_backpressure(sock, server.measured_pid, CHUNK, UNBOUNDED, timeout)
 
 
 def read_exactly(sock, size, timeout=20.0):
@@ -78,7 +62,7 @@ def test_a_client_that_does_not_read_is_stalled_then_gets_every_byte_back(impl, 
     server = started(impl, transport=transport)
     with server:
         with connect(server.address) as client:
-            sent = send_until_stalled(client)
+            sent = send_until_stalled(client, server)
             assert sent, "not even one chunk was accepted"
             # Read back while the server resumes: a reused read buffer would show up here.
             assert read_exactly(client, len(sent)) == sent
@@ -103,7 +87,10 @@ def test_sigint_is_a_clean_stop(impl):
 
 @pytest.mark.parametrize("impl", MODELS)
 def test_stops_promptly_with_many_connections_open(impl):
-    server = started(impl, stop_timeout=5.0)
+    # "Promptly" is stop()'s own bound: a server still running STOP_BOUND s after SIGTERM is
+    # killed and stop() raises.  Generous, so a descheduled server cannot fail it; one that
+    # waits for its connections to end (they never do here) always does.
+    server = started(impl, stop_timeout=STOP_BOUND)
     with server:
         idle = []
         try:
@@ -111,13 +98,11 @@ def test_stops_promptly_with_many_connections_open(impl):
                 idle.append(connect(server.address))
             stuck = connect(server.address)
             idle.append(stuck)
-            send_until_stalled(stuck)
+            send_until_stalled(stuck, server)
             busy = connect(server.address)
             idle.append(busy)
             assert exchange(busy, b"ping") == b"ping"
-            began = time.monotonic()
             usage = server.stop()
-            elapsed = time.monotonic() - began
             # Every connection was closed by the server: EOF (or a reset) on each.
             for sock in idle[:10]:
                 sock.settimeout(2.0)
@@ -129,7 +114,6 @@ def test_stops_promptly_with_many_connections_open(impl):
         finally:
             for sock in idle:
                 sock.close()
-    assert elapsed < 1.5, "stopping took %.2f s" % elapsed
     assert usage.accepted == 302
     assert usage.signal == "SIGTERM"
 
@@ -205,7 +189,7 @@ def test_serve_in_a_thread_leaves_nothing_behind(impl, transport, tmp_path):
     assert stats.bytes == 3 * (1 + 64 + 300 * 1024)
     assert stats.errors == 0
     assert threading.stack_size() == stack_size
-    deadline = time.monotonic() + 2.0
+    deadline = time.monotonic() + 30.0  # an event wait: a bound only to fail instead of hang
     while set(threading.enumerate()) - threads_before and time.monotonic() < deadline:
         time.sleep(0.01)
     assert not set(threading.enumerate()) - threads_before

@@ -19,9 +19,10 @@ from pyconcbench.zmq import Fault, RoundError, RoundResult, Session, Unavailable
 
 BENCH_DIR = pathlib.Path(__file__).parent / "bench"
 TWO_CPUS = len(os.sched_getaffinity(0)) >= 2
-#: How much later than its timeout a round may end (the watchdog's and the waits' slices,
-#: a loaded machine).
-SLACK = 1.5
+#: How much later than its timeout a round may end: the watchdog's and the waits' slices are
+#: tens of ms, the rest is room for a loaded shared machine (a descheduled test must not fail),
+#: still far below the 30 s timeouts the "at once" tests tell apart.
+SLACK = 5.0
 
 
 def _unavailable(name):
@@ -125,10 +126,10 @@ def test_rounds_on_one_session(mode):
 def test_wrong_reply_is_caught(mode, kind, message):
     started = time.monotonic()
     with pytest.raises(RoundError, match=message) as info:
-        run_round(mode, 30, inflight=4, timeout=5, fault=Fault(kind, after=5))
+        run_round(mode, 30, inflight=4, timeout=30, fault=Fault(kind, after=5))
     text = str(info.value)
     assert text.startswith(mode + ": ") and "\n" not in text
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 15  # caught by the check, not by the 30 s timeout
 
 
 @pytest.mark.parametrize("inflight", [1, 10])
