@@ -15,6 +15,7 @@ import pytest
 
 import backpressure
 from brokenservers import connect, exchange
+from skipping import start_or_skip
 from pyconcbench import harness, loadgen, servers
 
 IMPLS = list(servers.IMPLS)
@@ -30,15 +31,7 @@ def server(request):
     if reason:
         request.applymarker(pytest.mark.xfail(reason=reason, strict=True))
     proc = harness.ServerProcess(impl, cpu=None)
-    broken = None
-    try:
-        proc.start()
-    except harness.ServerUnavailable as exc:  # not installed, not on PATH, not on this Python
-        pytest.skip(str(exc))
-    except harness.ServerBroken as exc:  # our own code does not import or build: never a skip
-        broken = str(exc)
-    if broken is not None:
-        pytest.fail(broken, pytrace=False)  # outside the except: no chained traceback
+    start_or_skip(proc)
     try:
         yield proc
     finally:

@@ -15,6 +15,7 @@ import time
 import pytest
 
 from brokenservers import connect, exchange
+from skipping import start_or_skip
 from pyconcbench import gobuild, harness, servers
 from pyconcbench.harness import ServerBroken, ServerError, ServerProcess, ServerUnavailable
 from pyconcbench.servers import go_net, peers
@@ -30,14 +31,7 @@ GO_CACHE_HOME = os.path.dirname(gobuild.cache_root())
 
 def started(impl, **kwargs):
     server = ServerProcess(impl, **kwargs)
-    broken = None
-    try:
-        return server.start()
-    except ServerUnavailable as exc:  # not installed, not on PATH, not on this Python
-        pytest.skip(str(exc))
-    except ServerBroken as exc:  # our own code does not import or build: never a skip
-        broken = str(exc)
-    pytest.fail(broken, pytrace=False)  # outside the except: no chained traceback
+    return start_or_skip(server)
 
 
 def proc_stat(pid):

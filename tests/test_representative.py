@@ -14,8 +14,9 @@ import sys
 
 import pytest
 
+from skipping import start_or_skip
 from pyconcbench import harness, loadgen, machine, plain, servers, syscalls
-from pyconcbench.harness import PlainServer, ServerProcess, ServerUnavailable
+from pyconcbench.harness import PlainServer, ServerProcess
 
 RATIO_BAND = (0.75, 1.33)  # server CPU per round trip, project / plain
 RATE_BAND = (0.5, 2.0)     # msgs/s: the pristine allocator state alone is 3-4x
@@ -31,14 +32,7 @@ def cpus():
 
 def start(kind, impl, **kwargs):
     server = kind(impl, cpu=cpus()[0], **kwargs)
-    broken = None
-    try:
-        return server.start()
-    except ServerUnavailable as exc:  # not installed, not on PATH, not on this Python
-        pytest.skip(str(exc))
-    except harness.ServerBroken as exc:  # our own code does not import or build: never a skip
-        broken = str(exc)
-    pytest.fail(broken, pytrace=False)  # outside the except: no chained traceback
+    return start_or_skip(server)
 
 
 def rate(server, messages=MESSAGES):

@@ -10,8 +10,9 @@ import sys
 import pytest
 
 from brokenservers import connect, exchange
+from skipping import start_or_skip
 from pyconcbench import harness, servers
-from pyconcbench.harness import ServerProcess, ServerUnavailable
+from pyconcbench.harness import ServerProcess
 
 PAYLOAD_SIZES = (1, 64, 100 * 1024, 1024 * 1024)
 
@@ -27,14 +28,7 @@ def run_serve(*args, env=None, timeout=30):
 def started(impl, **kwargs):
     """A started ServerProcess; skips when the implementation cannot run here."""
     server = ServerProcess(impl, **kwargs)
-    broken = None
-    try:
-        return server.start()
-    except ServerUnavailable as exc:  # not installed, not on PATH, not on this Python
-        pytest.skip(str(exc))
-    except harness.ServerBroken as exc:  # our own code does not import or build: never a skip
-        broken = str(exc)
-    pytest.fail(broken, pytrace=False)  # outside the except: no chained traceback
+    return start_or_skip(server)
 
 
 def payload(size):

@@ -13,8 +13,9 @@ import pytest
 
 import backpressure
 from brokenservers import connect, exchange
+from skipping import start_or_skip
 from pyconcbench import servers
-from pyconcbench.harness import ServerBroken, ServerProcess, ServerUnavailable
+from pyconcbench.harness import ServerProcess
 
 MODELS = [
     "asyncio_sockets", "asyncio_buffered", "uvloop_protocol", "uvloop_streams",
@@ -29,14 +30,7 @@ UNBOUNDED = 64 * 1024 * 1024
 
 def started(impl, **kwargs):
     server = ServerProcess(impl, cpu=None, **kwargs)
-    broken = None
-    try:
-        return server.start()
-    except ServerUnavailable as exc:  # not installed, not on PATH, not on this Python
-        pytest.skip(str(exc))
-    except ServerBroken as exc:  # our own code does not import or build: never a skip
-        broken = str(exc)
-    pytest.fail(broken, pytrace=False)  # outside the except: no chained traceback
+    return start_or_skip(server)
 
 
 def send_until_stalled(sock, server, timeout=30.0):

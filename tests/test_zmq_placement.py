@@ -13,8 +13,9 @@ import time
 
 import pytest
 
+from skipping import zmq_unavailable
 from pyconcbench import zmq as pcbzmq
-from pyconcbench.zmq import Session, Unavailable
+from pyconcbench.zmq import Session
 
 ALLOWED = sorted(os.sched_getaffinity(0))
 pytestmark = pytest.mark.skipif(len(ALLOWED) < 2, reason="needs two CPUs to place threads on")
@@ -23,19 +24,7 @@ CPUS = tuple(ALLOWED[:2]) if len(ALLOWED) >= 2 else (0, 1)
 LIBZMQ_THREADS = {"ZMQbg/IO/0", "ZMQbg/Reaper"}
 
 
-def _unavailable(name):
-    """The skip reason (a package not installed or not importable on this Python), or None;
-    fails the test, in one line, when the mode's own module does not import."""
-    broken = None
-    try:
-        pcbzmq.MODES[name].check()
-    except Unavailable as exc:
-        return str(exc)
-    except pcbzmq.Broken as exc:
-        broken = str(exc)
-    if broken is not None:
-        pytest.fail(broken, pytrace=False)  # outside the except: no chained traceback
-    return None
+_unavailable = zmq_unavailable
 
 
 @pytest.fixture(params=list(pcbzmq.MODES))

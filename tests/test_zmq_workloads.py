@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from skipping import zmq_unavailable
 from pyconcbench import zmq as pcbzmq
 from pyconcbench.zmq import Fault, RoundError, RoundResult, Session, Unavailable, run_round
 
@@ -25,19 +26,7 @@ TWO_CPUS = len(os.sched_getaffinity(0)) >= 2
 SLACK = 5.0
 
 
-def _unavailable(name):
-    """The skip reason (a package not installed or not importable on this Python), or None;
-    fails the test, in one line, when the mode's own module does not import."""
-    broken = None
-    try:
-        pcbzmq.MODES[name].check()
-    except Unavailable as exc:
-        return str(exc)
-    except pcbzmq.Broken as exc:
-        broken = str(exc)
-    if broken is not None:
-        pytest.fail(broken, pytrace=False)  # outside the except: no chained traceback
-    return None
+_unavailable = zmq_unavailable
 
 
 @pytest.fixture(params=list(pcbzmq.MODES))
