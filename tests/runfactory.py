@@ -1,6 +1,6 @@
 """Saved runs in pytest-benchmark's JSON format, built from given per-round figures, for the
 report and gate tests.  The shapes are those the plugin and the bench suite write (see
-``pyconcbench.plugin.EchoOutcome``, ``micro.Runner.summary``, ``zmq.summarize``)."""
+``pyconcbench.echo.EchoOutcome``, ``micro.Runner.summary``, ``zmq.summarize``)."""
 from __future__ import annotations
 
 import json

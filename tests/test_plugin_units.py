@@ -5,63 +5,64 @@ import os
 
 import pytest
 
-from pyconcbench import harness, loadgen, machine, plugin, summary
-from pyconcbench.plugin import EchoCase, EchoOutcome, EchoRunner, RoundRecord, Settings
+from pyconcbench import echo, harness, instruments, loadgen, machine, options, rounds, summary
+from pyconcbench.echo import EchoCase, EchoOutcome, EchoRunner, RoundRecord
+from pyconcbench.options import Settings
 
 
 @pytest.mark.parametrize("text, sizes", [
     ("64", (64,)), ("64B,1KiB", (64, 1024)), ("100k, 1MiB", (102400, 1 << 20)), ("1m", (1 << 20,)),
 ])
 def test_parse_sizes(text, sizes):
-    assert plugin.parse_sizes(text) == sizes
+    assert options.parse_sizes(text) == sizes
 
 
 @pytest.mark.parametrize("text", ["0", "2MiB", "64X", "", ",", "-1"])
 def test_parse_sizes_rejects(text):
     with pytest.raises(ValueError):
-        plugin.parse_sizes(text)
+        options.parse_sizes(text)
 
 
 def test_parse_counts_and_max():
-    assert plugin.parse_counts("10,1k,3K") == (10, 1000, 3000)
-    assert plugin.parse_counts("max") == (loadgen.max_connections(),)
+    assert options.parse_counts("10,1k,3K") == (10, 1000, 3000)
+    assert options.parse_counts("max") == (loadgen.max_connections(),)
     for bad in ("0", "x", "1.5k", ""):
         with pytest.raises(ValueError):
-            plugin.parse_counts(bad)
+            options.parse_counts(bad)
 
 
 def test_parse_impls_keeps_order_and_expands_all():
-    assert plugin.parse_impls("selectors,native_epoll,selectors") == ("selectors", "native_epoll")
-    assert plugin.parse_impls("all")[0] == "native_epoll"
+    assert options.parse_impls("selectors,native_epoll,selectors") == ("selectors", "native_epoll")
+    assert options.parse_impls("all")[0] == "native_epoll"
 
 
 def test_parse_cpus():
-    assert plugin.parse_cpus("none") is None
-    assert plugin.parse_cpus("0,1") == (0, 1)
+    assert options.parse_cpus("none") is None
+    assert options.parse_cpus("0,1") == (0, 1)
     for bad in ("0", "0,0", "a,b", "0,1,2"):
         with pytest.raises(ValueError):
-            plugin.parse_cpus(bad)
+            options.parse_cpus(bad)
 
 
 def test_parse_seconds_and_ints():
-    assert plugin.parse_seconds("2.5") == 2.5 and plugin.parse_seconds("3s") == 3.0
+    assert options.parse_seconds("2.5") == 2.5 and options.parse_seconds("3s") == 3.0
     for bad in ("0", "-1", "nan", "inf", "x"):
         with pytest.raises(ValueError):
-            plugin.parse_seconds(bad)
-    assert plugin.parse_positive_int("7") == 7
+            options.parse_seconds(bad)
+    assert options.parse_positive_int("7") == 7
     for bad in ("0", "-3", "2.0", "x"):
         with pytest.raises(ValueError):
-            plugin.parse_positive_int(bad)
+            options.parse_positive_int(bad)
 
 
 def test_profile_round_sizes():
-    quick = plugin.PROFILES["quick"]()
+    quick = options.PROFILES["quick"]()
     assert quick.cases == ((10, 64, "tcp"), (100, 64, "tcp"), (1000, 64, "tcp"), (100, 64, "unix"))
     assert quick.messages_for(10, 64) == 20_000
     assert quick.messages_for(2000, 64) == 40_000           # 20 per connection
     assert quick.messages_for(5000, 64) == 25_000           # 5 per connection from 3,000 on
     assert quick.messages_for(19_936, 64) == 39_872         # 2 per connection from 10,000 on
-    full = plugin.PROFILES["full"]()
+    full = options.PROFILES["full"]()
     assert (full.rounds_for(1000), full.rounds_for(3000), quick.rounds_for(10)) == (7, 3, 5)
     assert quick.messages_for(10, 100 * 1024) == 2621        # ~256 MiB of payload
     assert quick.messages_for(10, 1 << 20) == 256
@@ -91,14 +92,14 @@ def test_case_ids_and_groups():
 
 
 def test_parse_mallocs_and_bool():
-    assert plugin.parse_mallocs("representative,tuned") == ("representative", "tuned")
+    assert options.parse_mallocs("representative,tuned") == ("representative", "tuned")
     with pytest.raises(ValueError, match="not an allocator state"):
-        plugin.parse_mallocs("jemalloc")
+        options.parse_mallocs("jemalloc")
     with pytest.raises(ValueError, match="'default' is gone: .* the old default is 'pristine'"):
-        plugin.parse_mallocs("default")
-    assert plugin.parse_bool("yes") and plugin.parse_bool("1") and not plugin.parse_bool("no")
+        options.parse_mallocs("default")
+    assert options.parse_bool("yes") and options.parse_bool("1") and not options.parse_bool("no")
     with pytest.raises(ValueError):
-        plugin.parse_bool("maybe")
+        options.parse_bool("maybe")
     assert harness.MALLOC_TUNED_ENV["MALLOC_MMAP_THRESHOLD_"] == "1048576"
 
 
@@ -149,15 +150,15 @@ def fakes(monkeypatch):
     def snap(pid):
         return state["snaps"].pop(0)
 
-    monkeypatch.setattr(machine, "cacheline_rtt", probe)
-    monkeypatch.setattr(machine, "snapshot", snap)
+    monkeypatch.setattr(instruments, "cacheline_rtt", probe)
+    monkeypatch.setattr(instruments, "snapshot", snap)
     return state
 
 
 def snaps(machine_busy, server_runtime, other=0.0):
     """A before/after pair: the machine busy `machine_busy` s of which `other` s by others."""
-    before = machine.CpuSnapshot(machine=100.0, own=10.0, server_user=1.0, server_sys=1.0, server_runtime=5.0)
-    after = machine.CpuSnapshot(machine=100.0 + machine_busy, own=10.0 + (machine_busy - server_runtime - other),
+    before = instruments.CpuSnapshot(machine=100.0, own=10.0, server_user=1.0, server_sys=1.0, server_runtime=5.0)
+    after = instruments.CpuSnapshot(machine=100.0 + machine_busy, own=10.0 + (machine_busy - server_runtime - other),
                                 server_user=1.0 + server_runtime * 0.75, server_sys=1.0 + server_runtime * 0.25,
                                 server_runtime=5.0 + server_runtime)
     return [before, after]
@@ -167,13 +168,13 @@ def test_clean_round_is_kept_and_only_its_phase_is_timed(fakes):
     runner = EchoRunner(settings(), EchoCase("native_epoll", 2, 64, "tcp"), FakeServer(), probe_baseline=150.0)
     fakes["probes"] += [150.0, 160.0]
     fakes["snaps"] += snaps(0.2, 0.09)
-    excluded = plugin.ROUND_CLOCK.excluded
+    excluded = rounds.ROUND_CLOCK.excluded
     runner.one_round(FakeSession([result()]))
     assert len(runner.records) == 1 and runner.rejected == []
     rec = runner.records[0]
     assert rec.noisy == "" and rec.server_cpu == pytest.approx(0.09)
     assert rec.other_cpu == pytest.approx(0.0)
-    assert plugin.ROUND_CLOCK.excluded > excluded  # the probes and snapshots are not timed
+    assert rounds.ROUND_CLOCK.excluded > excluded  # the probes and snapshots are not timed
 
 
 def test_noisy_probe_round_is_measured_again(fakes):
@@ -247,8 +248,8 @@ def test_a_slow_spell_of_the_host_makes_a_round_noisy(fakes, monkeypatch):
     loops = iter([100.0, 100.0,            # warm-up: the best on CPUs 0 and 1
                   100.0, 130.0, 100.0, 128.0,  # round 1: CPU 1 runs 1.3x slower
                   101.0, 100.0, 100.0, 102.0])  # round 2: back to speed
-    monkeypatch.setattr(machine, "cpu_loop_ns", lambda cpu: next(loops))
-    gauge = machine.SpeedGauge((0, 1)).warm(1)
+    monkeypatch.setattr(instruments, "cpu_loop_ns", lambda cpu: next(loops))
+    gauge = instruments.SpeedGauge((0, 1)).warm(1)
     runner = EchoRunner(settings(), EchoCase("native_epoll", 2, 64, "tcp"), FakeServer(), probe_baseline=150.0,
                         speed=gauge)
     fakes["probes"] += [150.0] * 4
@@ -257,13 +258,13 @@ def test_a_slow_spell_of_the_host_makes_a_round_noisy(fakes, monkeypatch):
     assert [r.noisy for r in runner.rejected] == ["CPU 1 ran a fixed loop 1.30x slower than its best"]
     kept = runner.records[0]
     assert kept.noisy == "" and kept.attempt == 1
-    assert plugin._round_dict(kept)["cpu_speed_before"] == {"0": 1.01, "1": 1.0}
+    assert echo._round_dict(kept)["cpu_speed_before"] == {"0": 1.01, "1": 1.0}
 
 
 def test_speed_gauge_keeps_the_best_and_judges_against_it(monkeypatch):
     loops = iter([200.0, 100.0, 114.0, 116.0])
-    monkeypatch.setattr(machine, "cpu_loop_ns", lambda cpu: next(loops))
-    gauge = machine.SpeedGauge((0,))
+    monkeypatch.setattr(instruments, "cpu_loop_ns", lambda cpu: next(loops))
+    gauge = instruments.SpeedGauge((0,))
     assert gauge.judge(gauge.probe()) == ""          # the first probe is its own best
     assert gauge.best[0] == 200.0 and gauge.probe() == {0: 100.0} and gauge.best[0] == 100.0
     assert gauge.judge(gauge.probe()) == ""          # 1.14x: within the factor
@@ -273,18 +274,18 @@ def test_speed_gauge_keeps_the_best_and_judges_against_it(monkeypatch):
 # ---- /proc unreadable: an error or a visible "unknown", never 0.0 -------------------------
 
 def test_proc_readers_say_unknown_instead_of_zero(monkeypatch):
-    monkeypatch.setattr(machine, "_read", lambda path: None)
-    assert machine.machine_busy_seconds() is None
-    assert machine.process_runtime(os.getpid()) is None  # the task list reads, no schedstat does
-    assert machine.process_runtime(2 ** 22 + 12345) is None  # no such process
-    a = machine.snapshot(os.getpid())
+    monkeypatch.setattr(instruments, "_read", lambda path: None)
+    assert instruments.machine_busy_seconds() is None
+    assert instruments.process_runtime(os.getpid()) is None  # the task list reads, no schedstat does
+    assert instruments.process_runtime(2 ** 22 + 12345) is None  # no such process
+    a = instruments.snapshot(os.getpid())
     assert a.machine is None and a.server_runtime is None
     assert a.other_since(a) is None
 
 
 def test_proc_readers_read_this_process():
-    assert machine.machine_busy_seconds() > 0
-    assert machine.process_runtime(os.getpid()) > 0
+    assert instruments.machine_busy_seconds() > 0
+    assert instruments.process_runtime(os.getpid()) > 0
 
 
 def test_unreadable_server_cpu_fails_the_round_in_one_line(fakes):
@@ -326,5 +327,5 @@ def test_ceiling_table_flags_an_engine_below_the_floor():
 
 
 def test_jain_is_saved_with_significant_digits_not_decimals():
-    assert plugin._sig(1 / 20000) == 5e-05
-    assert plugin._sig(0.987654) == 0.9877
+    assert echo._sig(1 / 20000) == 5e-05
+    assert echo._sig(0.987654) == 0.9877

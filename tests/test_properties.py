@@ -11,9 +11,10 @@ import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
-from pyconcbench import _native, loadgen, machine, plugin, stats
+from pyconcbench import _native, echo, instruments, loadgen, machine, rounds, stats
 from pyconcbench.loadgen import merge_percentiles
-from pyconcbench.plugin import EchoCase, EchoOutcome, RoundRecord, noise_reason
+from pyconcbench.echo import EchoCase, EchoOutcome, RoundRecord
+from pyconcbench.rounds import noise_reason
 
 BOUNDED = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -184,7 +185,7 @@ def outcome(round_counts, latencies=None):
         records=recs, rejected=[], case=EchoCase("native_epoll", len(round_counts[0]), 64, "tcp"),
         server=SimpleNamespace(ready={}, measured_pid=0), messages=sum(round_counts[0]),
         settings=SimpleNamespace(pinning_note="test", noise_retries=2), probe_baseline=None, speed=None)
-    with mock.patch.object(machine, "proc_status_kib", return_value=None):
+    with mock.patch.object(instruments, "proc_status_kib", return_value=None):
         return EchoOutcome.from_records(runner, connect_seconds=0.001).extra
 
 
@@ -243,7 +244,7 @@ def test_the_probe_limit_is_the_larger_of_twice_and_150_ns_more(baseline, limit)
     assert judge(baseline, (limit - 1, None)) == ""
     assert judge(baseline, (None, limit + 0.5)) == f"cache-line probe {limit + 0.5:.0f} ns > {limit:.0f} ns"
     assert judge(baseline, (limit + 1, baseline)) != ""  # the worst of the two counts
-    assert plugin.PROBE_NOISY_FACTOR == 2.0 and plugin.PROBE_NOISY_MARGIN_NS == 150.0
+    assert rounds.PROBE_NOISY_FACTOR == 2.0 and rounds.PROBE_NOISY_MARGIN_NS == 150.0
 
 
 def test_missing_probes_and_baseline_judge_nothing():

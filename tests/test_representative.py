@@ -190,9 +190,9 @@ def session_for(server):
 
 def measured_round(session, server):
     """(server CPU seconds per round trip, msgs/s) of one round."""
-    before = machine.process_runtime(server.measured_pid)
+    before = instruments.process_runtime(server.measured_pid)
     result = session.round()
-    after = machine.process_runtime(server.measured_pid)
+    after = instruments.process_runtime(server.measured_pid)
     assert before is not None and after is not None, "the server's /proc/PID/task is unreadable"
     return (after - before) / result.completed, result.msgs_per_s
 

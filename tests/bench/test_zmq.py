@@ -31,119 +31,18 @@ every mode at 200 B / 1 in flight / TCP plus a few variants, ``full`` every mode
 64 KiB x 1, 10, 100 in flight x tcp, ipc.  ``--pcb-rounds``, ``--pcb-messages`` (requests per
 round), ``--pcb-cpus`` and ``--pcb-stall-timeout`` (the longest wait for a reply) apply.
 """
-import time
-
-import pytest
-
-from pyconcbench import machine
-from pyconcbench import zmq as pcbzmq
-from pyconcbench.plugin import PROFILES, ROUND_CLOCK, SETTINGS_KEY, noise_reason, retry_pause
-
-#: Unmeasured requests before the first round, at most.
-WARMUP = 500
 
 
-@pytest.fixture(scope="module", autouse=True)
-def libuv_global_pipe():
-    """libuv opens one process-wide pipe (its signal pipe) with the first uvloop loop and keeps
-    it: open it before the project's fd-leak check starts counting."""
-    try:
-        import uvloop
-    except Exception:
-        yield
-        return
-    uvloop.new_event_loop().close()
-    yield
-
-
-def pytest_generate_tests(metafunc):
-    if "zmq_case" not in metafunc.fixturenames:
-        return
-    settings = metafunc.config.stash[SETTINGS_KEY]
-    metafunc.parametrize("zmq_case", [
-        pytest.param(case, id=case.id, marks=pytest.mark.benchmark(group=case.group, timer=ROUND_CLOCK))
-        for case in pcbzmq.cases(settings.profile)
-    ])
-
-
-def test_zmq(zmq_case, benchmark, pcb_settings, pcb_probe_baseline, pcb_speed_gauge):
+def test_zmq(zmq_case, zmq_bench, pcb_settings):
+    info = zmq_bench()
     requests = pcb_settings.messages or zmq_case.requests
-    rounds = pcb_settings.rounds or PROFILES[pcb_settings.profile]().rounds
-    retries = pcb_settings.noise_retries
-    cpus = pcb_settings.cpus
-    if cpus is None and zmq_case.placement != pcbzmq.DEFAULT_PLACEMENT:
-        pytest.skip("pinning off (--pcb-cpus none): the %s placement needs two CPUs" % zmq_case.placement)
-    session = pcbzmq.Session(zmq_case.mode, size=zmq_case.size, inflight=zmq_case.inflight,
-                             transport=zmq_case.transport, timeout=pcb_settings.stall_timeout,
-                             cpus=cpus, placement=zmq_case.placement)
-    results, records, rejected = [], [], []
+    rounds = info["rounds"]
 
-    # The CPUs the measurement runs on: a slow spell elsewhere, or the cache-line round trip
-    # between the two CPUs, cannot touch a 1cpu round.
-    used = (cpus[1],) if cpus and zmq_case.placement == "1cpu" else tuple(cpus or ())
-    crosses = len(used) == 2
-
-    def probe():
-        return machine.cacheline_rtt(cpus[0], cpus[1]) if crosses else None
-
-    def speed():
-        if not pcb_speed_gauge:
-            return None
-        return {cpu: ns for cpu, ns in pcb_speed_gauge.probe().items() if cpu in used}
-
-    def one_round():
-        entered = time.perf_counter()
-        for attempt in range(retries + 1):
-            retry_pause(attempt)
-            speed_before = speed()
-            before = probe()
-            started = time.perf_counter()
-            result = session.round(requests)
-            finished = time.perf_counter()
-            after = probe()
-            speed_after = speed()
-            note = noise_reason(pcb_speed_gauge, (speed_before, speed_after), pcb_probe_baseline, (before, after),
-                                result.other_cpu, result.elapsed)
-            record = {"probe_before_ns": _ns(before), "probe_after_ns": _ns(after), "noisy": note or None,
-                      "attempt": attempt}
-            if not note or attempt == retries:
-                results.append(result)
-                records.append(record)
-                ROUND_CLOCK.excluded += (time.perf_counter() - entered) - (finished - started)
-                return
-            rejected.append(dict(result.as_dict(), **record))
-
-    skipped = failure = None
-    try:
-        with session:
-            session.warmup(min(WARMUP, requests))
-            benchmark.pedantic(one_round, rounds=rounds, iterations=1, warmup_rounds=0)
-    except pcbzmq.Unavailable as exc:  # a package not installed, or not importable on this Python
-        skipped = str(exc)
-    except (pcbzmq.RoundError, pcbzmq.Broken) as exc:  # Broken: our own module does not import
-        failure = "%s: %s" % (zmq_case.id, exc)
-    # Outside the except blocks: one line, no chained traceback.
-    if skipped is not None:
-        pytest.skip(skipped)
-    if failure is not None:
-        pytest.fail(failure, pytrace=False)
-
-    # pytest-benchmark keeps a reference to this very dict: update it, never rebind it.
-    info = benchmark.extra_info
-    info.update(session.describe())
-    info.update(pcbzmq.summarize(results))
-    for summary, record in zip(info["rounds"], records):
-        summary.update(record)
-    info["probe_baseline_ns"] = _ns(pcb_probe_baseline)
-    info["noise_cpus"] = list(used)
-    info["noisy_rounds_kept"] = sum(1 for record in records if record["noisy"])
-    info["noisy_rounds_rejected"] = len(rejected)
-    info["rejected_rounds"] = rejected
-    info["timer"] = "wall time of one round of verified requests (rejected noisy rounds left out)"
-
-    assert 1 <= len(results) <= rounds  # one with --benchmark-disable
-    assert all(r.requests == requests and len(r.latencies_ns) == requests for r in results)
-
-
-def _ns(value):
-    return None if value is None else round(value, 1)
+    assert 1 <= len(rounds) <= (pcb_settings.rounds or len(rounds))  # one with --benchmark-disable
+    # Every request of every round was answered and verified (a wrong reply fails the round).
+    assert all(r["requests"] == requests for r in rounds)
+    assert info["requests_per_s"] > 0
+    assert 0 < info["latency_p50_us"] <= info["latency_p99_us"]
+    assert info["mode"] == zmq_case.mode
+    assert info["placement"] == (zmq_case.placement if pcb_settings.cpus else "off")
+    assert info["noisy_rounds_rejected"] == len(info["rejected_rounds"])

@@ -40,6 +40,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from .. import instruments, metrics, rounds
 from ..broken import Broken
 from . import workloads
 from .workloads import WorkloadError
@@ -359,46 +360,6 @@ def fit_line(xs: Sequence[float], ys: Sequence[float]) -> Tuple[float, float, fl
     return slope, intercept, r2
 
 
-_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-
-def _cpus_busy(cpus: Sequence[int]) -> Optional[float]:
-    """Non-idle seconds of the given CPUs since boot (/proc/stat), None when unreadable."""
-    try:
-        with open("/proc/stat") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return None
-    wanted = {f"cpu{c}" for c in cpus}
-    busy = 0
-    for line in lines:
-        fields = line.split()
-        if fields and fields[0] in wanted:
-            ticks = [int(x) for x in fields[1:]]
-            busy += sum(ticks[:8]) - ticks[3] - ticks[4]  # less idle and iowait
-    return busy / _CLK_TCK
-
-
-def _own_cpu() -> Optional[float]:
-    """This process's CPU seconds, its reaped children's included (Go runs, forks)."""
-    try:
-        with open("/proc/self/stat") as f:
-            rest = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return sum(int(x) for x in rest[11:15]) / _CLK_TCK
-
-
-def thread_waited_ns() -> Optional[int]:
-    """Nanoseconds the calling thread has been runnable but waiting for a CPU (schedstat),
-    None when /proc does not say."""
-    try:
-        with open("/proc/thread-self/schedstat") as f:
-            return int(f.read().split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 #: A round of a solo case whose measuring thread waited for its CPU more than this share of
 #: the round (another process ran there) is noisy, and measured again ...
 NOISY_WAIT_SHARE = 0.01
@@ -406,27 +367,6 @@ NOISY_WAIT_SHARE = 0.01
 #: this cannot see: on a shared VM the host's other work slows the virtual CPU itself, with
 #: no trace in the guest's scheduler statistics (see the run-to-run spread in the README).
 NOISE_RETRIES = 2
-
-
-def _status_kib(key: str) -> Optional[int]:
-    """A field of /proc/self/status in KiB (VmRSS, VmSize), None when unreadable."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
-def _mappings() -> Optional[int]:
-    """How many mappings this process has (/proc/self/maps), None when unreadable."""
-    try:
-        with open("/proc/self/maps") as f:
-            return sum(1 for _ in f)
-    except OSError:
-        return None
 
 
 def _version(module: str) -> Optional[str]:
@@ -511,9 +451,9 @@ class Runner:
             gc.disable()
             try:
                 empty = workloads.empty_loop(loops) if case.subtract else 0
-                w0 = thread_waited_ns()
+                w0 = instruments.thread_waited_ns()
                 elapsed = fn(loops, **kwargs)
-                w1 = thread_waited_ns()
+                w1 = instruments.thread_waited_ns()
             finally:
                 if enabled:
                     gc.enable()
@@ -540,26 +480,29 @@ class Runner:
                                 f"expected {expected} (ops {s.ops})")
         return s
 
+    def _measure(self, attempt: int) -> Tuple[Tuple[Sample, Optional[float]], str, float]:
+        """One try of a round (rounds.measure_round), with the share of its CPUs other
+        processes used meanwhile (clock ticks: a rough figure)."""
+        other = instruments.OtherCpu(self.cpus).start()
+        t0 = time.monotonic()
+        sample = self.measure(self.case.loops)
+        t1 = time.monotonic()
+        seconds = other.stop()
+        share = None
+        if seconds is not None and t1 > t0:
+            share = round(seconds / (t1 - t0) / len(self.cpus), 3)
+        return (sample, share), self._judge(sample), t1 - t0
+
     def one_round(self) -> None:
-        """One measured round (what pytest-benchmark times).  A solo case's round in which
-        the measuring thread waited for its CPU (another process took it) is measured again,
-        up to NOISE_RETRIES times.  Also notes how much of the CPUs it ran on other processes
-        used meanwhile (clock ticks: a rough figure)."""
-        for attempt in range(NOISE_RETRIES + 1):
-            busy0, own0, t0 = _cpus_busy(self.cpus), _own_cpu(), time.monotonic()
-            sample = self.measure(self.case.loops)
-            busy1, own1, t1 = _cpus_busy(self.cpus), _own_cpu(), time.monotonic()
-            share = None
-            if None not in (busy0, busy1, own0, own1) and t1 > t0:
-                other = max(0.0, (busy1 - busy0) - (own1 - own0))
-                share = round(other / (t1 - t0) / len(self.cpus), 3)
-            why = self._judge(sample)
-            if not why or attempt == NOISE_RETRIES:
-                self.samples.append(sample)
-                self.other_cpu.append(share)
-                self.noisy.append(why)
-                return
-            self.rejected.append((sample, why))
+        """One measured round (what pytest-benchmark times, by its own clock: the whole round).
+        A solo case's round in which the measuring thread waited for its CPU (another process
+        took it) is measured again, up to NOISE_RETRIES times."""
+        outcome = rounds.measure_round(self._measure, NOISE_RETRIES, clock=None)
+        sample, share = outcome.kept.value
+        self.samples.append(sample)
+        self.other_cpu.append(share)
+        self.noisy.append(outcome.kept.noisy)
+        self.rejected.extend((t.value[0], t.noisy) for t in outcome.rejected)
 
     def _judge(self, sample: Sample) -> str:
         """Why the round is noisy, or ''."""
@@ -623,6 +566,7 @@ class Runner:
         med = statistics.median(per_op)
         ops = self.samples[-1].ops if self.samples else c.loops * c.ops_per_loop
         extra: Dict[str, Any] = {
+            **metrics.stamp(metrics.SWITCH),
             "micro": c.id,
             "group": c.group,
             "family": c.family,
@@ -680,8 +624,9 @@ class Runner:
         """What the process that forks is and how big: its resident size, virtual size,
         page tables (KiB) and mappings; for a helper the largest of its rounds' figures, and
         the measuring process's own resident size beside them."""
-        here = {"rss_kib": _status_kib("VmRSS"), "vm_kib": _status_kib("VmSize"),
-                "pte_kib": _status_kib("VmPTE"), "maps": _mappings()}
+        here = {"rss_kib": instruments.proc_status_kib("self", "VmRSS"),
+                "vm_kib": instruments.proc_status_kib("self", "VmSize"),
+                "pte_kib": instruments.proc_status_kib("self", "VmPTE"), "maps": instruments.mappings()}
         if not self.case.helper:
             return {"forking_process": "the measuring process itself (pytest, or python -m "
                                        "pyconcbench.micro), in which the loop runs",

@@ -698,19 +698,19 @@ class Session:
         if self._failed is not None:
             raise RoundError("%s: the session is unusable after an earlier failure: %s"
                              % (self.mode.name, self._failed))
-        from pyconcbench import machine
+        from pyconcbench import instruments
 
         workload, ledger = self._workload, self._ledger
         pid = workload.server_pid
         try:
             ledger.begin(requests)
-            before = machine.snapshot(pid)
+            before = instruments.snapshot(pid)
             cpu0 = time.process_time()
             t0 = time.perf_counter()
             workload.run(requests, ledger)
             elapsed = time.perf_counter() - t0
             cpu = time.process_time() - cpu0
-            after = machine.snapshot(pid)
+            after = instruments.snapshot(pid)
         except RoundError as exc:
             self._failed = str(exc)
             raise

@@ -1,0 +1,428 @@
+"""The echo workload: its cases (``EchoCase``, one per test id), the measured rounds of one case
+against a started server (``EchoRunner``) and what they add up to (``EchoOutcome``: the
+extra_info saved with the benchmark).  No pytest here: the plugin wires these to fixtures.
+
+    options (Settings) -> echo_cases -> EchoRunner(server from harness, rounds, loadgen)
+                                          -> EchoOutcome.extra -> saved JSON (metrics: "echo")
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
+
+from . import harness, instruments, loadgen, machine, metrics, plain, rounds, servers, syscalls
+from .options import PROFILES, Settings, per_connection
+from .summary import size_label
+
+#: Clock ticks of server CPU needed before its user/system split is reported.
+MIN_TICKS_FOR_SPLIT = 20
+
+@dataclass(frozen=True)
+class EchoCase:
+    """One echo benchmark.  ``plain``: the plain reference server of ``impl``
+    (``pyconcbench.plain``) instead of the project's; ``count_alloc``: count the server's
+    allocator syscalls in one untimed round after the measured ones (set where a run compares
+    allocator states)."""
+
+    impl: str
+    connections: int
+    size: int
+    transport: str
+    malloc: str = harness.MALLOC_DEFAULT
+    plain: bool = False
+    count_alloc: bool = field(default=False, compare=False)
+
+    @property
+    def scale(self) -> str:
+        label = f"c{self.connections}-{size_label(self.size)}"
+        return label if self.transport == "tcp" else label + "-unix"
+
+    @property
+    def id(self) -> str:
+        """Baseline key: ``[plain_]impl-cN-SIZE[-unix][-malloc_STATE]``."""
+        suffix = "" if self.malloc == harness.MALLOC_DEFAULT else f"-malloc_{self.malloc}"
+        prefix = plain.PREFIX if self.plain else ""
+        return f"{prefix}{self.impl}-{self.scale}{suffix}"
+
+    @property
+    def label(self) -> str:
+        """The implementation as the summary table names it: ``impl[+plain][+STATE_malloc]``."""
+        label = self.impl + ("+plain" if self.plain else "")
+        return label if self.malloc == harness.MALLOC_DEFAULT else f"{label}+{self.malloc}_malloc"
+
+    @property
+    def counterpart(self) -> Optional["EchoCase"]:
+        """The case this one is compared with: a plain server's project counterpart, a special
+        allocator state's representative one; None for a representative project case."""
+        if self.plain:
+            return dataclasses.replace(self, plain=False)
+        if self.malloc != harness.MALLOC_DEFAULT:
+            return dataclasses.replace(self, malloc=harness.MALLOC_DEFAULT)
+        return None
+
+    @property
+    def group(self) -> str:
+        return f"echo-{self.scale}"
+
+
+def echo_cases(settings: Settings) -> List[EchoCase]:
+    """Every echo case of a run, in the order measured: per scale, each implementation in each
+    allocator state, then (where --pcb-reference puts one) its plain reference server, so that a
+    server and what it is compared with run back to back."""
+    out: List[EchoCase] = []
+    for conns, size, transport in settings.cases:
+        reference = settings.reference == "all" or (settings.reference == "auto" and (conns, size, transport) == (100, 64, "tcp"))
+        for impl in settings.impls:
+            mallocs = list(settings.mallocs) + [v[4] for v in settings.variants
+                                                if (v[0], v[1], v[2], v[3]) == (impl, conns, size, transport)]
+            mallocs = list(dict.fromkeys(mallocs))
+            for malloc in mallocs:
+                out.append(EchoCase(impl, conns, size, transport, malloc))
+            if reference and impl in plain.PLAIN:
+                out += [EchoCase(impl, conns, size, transport, malloc, plain=True)
+                        for malloc in mallocs if malloc != "tuned"]
+    # Where a run compares allocator states of a server, count their allocator syscalls.
+    states: Dict[Tuple[str, int, int, str], int] = {}
+    for case in out:
+        key = (case.impl, case.connections, case.size, case.transport)
+        states[key] = states.get(key, 0) + (not case.plain)
+    return [dataclasses.replace(c, count_alloc=states[(c.impl, c.connections, c.size, c.transport)] > 1)
+            for c in out]
+
+
+_TOOL_CACHE: Dict[str, Optional[str]] = {}
+
+
+def syscall_tool() -> Optional[str]:
+    """syscalls.available_tool(), probed once per process."""
+    if "tool" not in _TOOL_CACHE:
+        _TOOL_CACHE["tool"] = syscalls.available_tool()
+    return _TOOL_CACHE["tool"]
+
+
+@dataclass
+class RoundRecord:
+    result: loadgen.LoadResult
+    server_cpu: float   # on-CPU seconds, ns-precise
+    server_user: float  # clock-tick split, 10 ms resolution
+    server_sys: float
+    other_cpu: Optional[float]  # None: /proc/stat unreadable, the other-CPU check could not run
+    probe_before: Optional[float]
+    probe_after: Optional[float]
+    noisy: str  # why it was noisy, "" when clean
+    attempt: int
+    speed_before: Optional[Dict[int, float]] = None  # cpu -> loop time / the best seen
+    speed_after: Optional[Dict[int, float]] = None
+
+
+class EchoRunner:
+    """Runs the measured rounds of one echo case against a started server."""
+
+    def __init__(self, settings: Settings, case: EchoCase, server: harness.ServerProcess,
+                 probe_baseline: Optional[float], speed: Optional[instruments.SpeedGauge] = None):
+        self.settings = settings
+        self.speed = speed
+        self.case = case
+        self.server = server
+        self.probe_baseline = probe_baseline
+        self.records: List[RoundRecord] = []
+        self.rejected: List[RoundRecord] = []
+        cpus = settings.cpus
+        self.judge = rounds.NoiseJudge(speed, probe_baseline, cpus)
+        if settings.duration:
+            messages, duration = 0, settings.duration
+        else:
+            messages = settings.messages or PROFILES[settings.profile]().messages_for(case.connections, case.size)
+            duration = 0.0
+        self.messages = messages
+        profile = PROFILES[settings.profile]()
+        self.rounds = settings.rounds or profile.rounds_for(case.connections)
+        address = server.address
+        common = dict(
+            connections=case.connections, size=case.size, messages=messages, duration=duration,
+            warmup_messages=max(2000, per_connection(case.connections) * case.connections // 5) if messages else 0,
+            warmup_seconds=0.0 if messages else min(1.0, duration),
+            cpu=cpus[1] if cpus else None, stall_timeout=settings.stall_timeout,
+            connect_timeout=max(30.0, case.connections / 200.0),
+            # a hard bound on each phase: slower than 100 round trips a second is a failure
+            deadline=max(120.0, 10 * settings.stall_timeout, 2 * duration + 60, messages / 100.0),
+        )
+        if case.transport == "unix":
+            self.spec = loadgen.LoadSpec(transport="unix", path=address, **common)
+        else:
+            self.spec = loadgen.LoadSpec(transport="tcp", host=address[0], port=address[1], **common)
+
+    def _measure(self, session: loadgen.LoadSession, attempt: int) -> Tuple[RoundRecord, str, float]:
+        """One try of a round, with the machine probed around it (rounds.measure_round)."""
+        judge = self.judge
+        probes_before = judge.probe()
+        self.server.check_alive()
+        before = instruments.snapshot(self.server.measured_pid)
+        started = time.perf_counter()
+        result = session.round()
+        finished = time.perf_counter()
+        after = instruments.snapshot(self.server.measured_pid)
+        if before.server_runtime is None or after.server_runtime is None:
+            self.server.check_alive()
+            raise harness.ServerError(
+                f"cannot read server {self.case.impl!r}'s CPU time from "
+                f"/proc/{self.server.measured_pid}/task/*/schedstat: its CPU per message would be unknown")
+        probes_after = judge.probe()
+        rec = RoundRecord(
+            result=result,
+            server_cpu=after.server_runtime - before.server_runtime,
+            server_user=after.server_user - before.server_user,
+            server_sys=after.server_sys - before.server_sys,
+            other_cpu=after.other_since(before),
+            probe_before=probes_before.cacheline_ns, probe_after=probes_after.cacheline_ns, noisy="",
+            attempt=attempt, speed_before=judge.slowdown(probes_before), speed_after=judge.slowdown(probes_after),
+        )
+        rec.noisy = judge.reason(probes_before, probes_after, rec.other_cpu, result.elapsed)
+        return rec, rec.noisy, finished - started
+
+    def one_round(self, session: loadgen.LoadSession) -> None:
+        """The function pytest-benchmark times: measures until a round is clean (at most
+        noise_retries extra tries); only the accepted phase's wall time counts."""
+        outcome = rounds.measure_round(lambda attempt: self._measure(session, attempt),
+                                       self.settings.noise_retries)
+        self.records.append(outcome.kept.value)
+        self.rejected.extend(t.value for t in outcome.rejected)
+
+    def count_allocator(self, session: loadgen.LoadSession) -> Dict[str, Any]:
+        """The server's allocator syscalls per round trip over one extra round after the
+        measured ones (untimed: perf's tracepoints slow the calls they count), to show the
+        state it ran in; ``alloc_syscalls_per_msg`` is None with the reason when it cannot count."""
+        tool = syscall_tool()
+        if tool is None:
+            return {"alloc_syscalls_per_msg": None,
+                    "alloc_syscalls_note": "not counted: needs perf (linux-perf) or strace on PATH"}
+        counter = syscalls.SyscallCounter(self.server.measured_pid, tool, names=syscalls.ALLOCATOR).start()
+        try:
+            result = session.round()
+        finally:
+            counts = counter.stop()
+        per = {name: round(counts.get(name, 0) / result.completed, 3) for name in syscalls.ALLOCATOR}
+        per["total"] = round(counts.get("total", 0) / result.completed, 3)
+        return {"alloc_syscalls_per_msg": per,
+                "alloc_syscalls_note": f"counted with {tool} over one extra, untimed round of "
+                                       f"{result.completed} round trips after the measured ones"}
+
+    def run(self, benchmark: Any) -> "EchoOutcome":
+        counts = None
+        with loadgen.LoadSession(self.spec) as session:
+            counter = None
+            if self.settings.syscalls:
+                counter = syscalls.SyscallCounter(self.server.measured_pid).start()
+            try:
+                benchmark.pedantic(self.one_round, args=(session,), rounds=self.rounds,
+                                   iterations=1, warmup_rounds=0)
+            finally:
+                if counter is not None:
+                    counts = counter.stop()
+            alloc = self.count_allocator(session) if self.case.count_alloc else None
+        outcome = EchoOutcome.from_records(self, session.connect_seconds)
+        if alloc is not None:
+            outcome.extra.update(alloc)
+        if counts is not None:
+            # every round trip in the counted window, rejected noisy rounds included
+            messages = sum(r.result.completed for r in self.records + self.rejected)
+            outcome.extra["syscalls_tool"] = counter.tool
+            outcome.extra["syscalls_per_msg"] = syscalls.per_message(counts, messages)
+            outcome.extra["syscalls_note"] = "counted with tracing on: rates are lower than without"
+        outcome.fill(benchmark.extra_info)
+        return outcome
+
+
+def _sig(x: float) -> float:
+    """Four significant digits: Jain's index is as small as 1/connections (5e-5 at 20k), which
+    four decimals would save as 0.0."""
+    return float(f"{x:.4g}")
+
+
+def _us(ns: float) -> float:
+    return round(ns / 1000.0, 3)
+
+
+@dataclass
+class EchoOutcome:
+    """What one echo benchmark measured, summarised over its accepted rounds."""
+
+    case: EchoCase
+    rounds: int
+    messages_per_round: int
+    completed: int
+    errors: Dict[str, int]
+    extra: Dict[str, Any]
+
+    @classmethod
+    def from_records(cls, runner: EchoRunner, connect_seconds: float) -> "EchoOutcome":
+        recs = runner.records
+        results = [r.result for r in recs]
+        completed = sum(r.completed for r in results)
+        elapsed = sum(r.elapsed for r in results)
+        errors: Dict[str, int] = {}
+        for r in results:
+            for kind, n in r.errors.items():
+                if n:
+                    errors[kind] = errors.get(kind, 0) + n
+        pct = loadgen.merge_percentiles([r.latency_buckets for r in results],
+                                        maximum=max(r.latency["max"] for r in results))
+        s_cpu = sum(r.server_cpu for r in recs)
+        ticks_user = sum(r.server_user for r in recs)
+        ticks_sys = sum(r.server_sys for r in recs)
+        # The user/system split comes from clock ticks: only trust it over enough of them.
+        user_share = (ticks_user / (ticks_user + ticks_sys)
+                      if ticks_user + ticks_sys >= MIN_TICKS_FOR_SPLIT / machine.CLK_TCK else None)
+        s_user = s_cpu * user_share if user_share is not None else None
+        s_sys = s_cpu - s_user if s_user is not None else None
+        l_cpu = sum(r.loadgen_cpu_user + r.loadgen_cpu_sys for r in results)
+        server = runner.server
+        case = runner.case
+        extra: Dict[str, Any] = {
+            **metrics.stamp(metrics.ECHO),
+            "impl": case.impl,
+            "label": case.label,
+            "malloc": case.malloc,
+            "plain": case.plain,
+            "malloc_probe_at_start": (server.ready or {}).get("malloc_probe"),
+            "connections": case.connections,
+            "size": case.size,
+            "transport": case.transport,
+            "messages_per_round": runner.messages,
+            "msgs_per_s": round(completed / elapsed, 1) if elapsed else 0.0,
+            "msgs_per_s_median": round(statistics.median(r.msgs_per_s for r in results), 1),
+            "mib_per_s": round(completed * case.size / elapsed / (1 << 20), 3) if elapsed else 0.0,
+            "latency_p50_us": _us(pct[0]),
+            "latency_p90_us": _us(pct[1]),
+            "latency_p95_us": _us(pct[2]),
+            "latency_p99_us": _us(pct[3]),
+            "latency_p99_9_us": _us(pct[4]),
+            "latency_max_us": _us(max(r.latency["max"] for r in results)),
+            "fairness_jain": _sig(min(r.fairness.jain for r in results)),
+            "fairness_min": min(r.fairness.min for r in results),
+            "fairness_max": max(r.fairness.max for r in results),
+            "starving_connections": max(r.fairness.starving for r in results),
+            "errors": errors,
+            "connect_seconds": round(connect_seconds, 4),
+            "connect_rate": round(case.connections / connect_seconds, 1) if connect_seconds else 0.0,
+            "loadgen_cpu_share": round(l_cpu / elapsed, 3) if elapsed else 0.0,
+            "loadgen_bound": any(r.loadgen_bound for r in results),
+            "server_cpu": round(s_cpu, 6),
+            "server_cpu_user": None if s_user is None else round(s_user, 6),
+            "server_cpu_sys": None if s_sys is None else round(s_sys, 6),
+            "server_cpu_share": round(s_cpu / elapsed, 3) if elapsed else 0.0,
+            "server_user_share": None if user_share is None else round(user_share, 3),
+            "server_cpu_us_per_msg": round(s_cpu / completed * 1e6, 3) if completed else None,
+            "loadgen_cpu_us_per_msg": round(l_cpu / completed * 1e6, 3) if completed else None,
+            "server_rss_kib": instruments.proc_status_kib(server.measured_pid, "VmRSS"),
+            "server_rss_peak_kib": instruments.proc_status_kib(server.measured_pid, "VmHWM"),
+            "pinning": runner.settings.pinning_note,
+            "probe_baseline_ns": runner.probe_baseline,
+            "cpu_speed_best_ns": ({str(c): round(v) for c, v in runner.speed.best.items()}
+                                  if runner.speed is not None else None),
+            "noise_rule": rounds.NoiseJudge.rule(runner.settings.noise_retries),
+            # /proc/stat unreadable: the other-CPU part of the noise judge did not run; say so
+            "other_cpu_check": ("unknown: /proc/stat was unreadable" if any(r.other_cpu is None for r in recs)
+                                else "ran"),
+            "noisy_rounds_rejected": len(runner.rejected),
+            "noisy_rounds_kept": sum(1 for r in recs if r.noisy),
+            "timer": "wall time of the accepted load phase (perf_counter less probes and rejected noisy rounds)",
+            "rounds": [_round_dict(r) for r in recs],
+            "rejected_rounds": [_round_dict(r) for r in runner.rejected],
+        }
+        slow = os.environ.get(servers.SLOWDOWN_ENV, "").strip()
+        if slow and case.impl in servers.SLOWDOWN_IMPLS:
+            extra["test_slowdown_ns"] = int(slow)  # the test-only knob was on: not a real result
+        return cls(case, len(recs), runner.messages, completed, errors, extra)
+
+    def fill(self, extra_info: Dict[str, Any]) -> None:
+        # pytest-benchmark keeps a reference to this very dict: mutate it, never rebind it.
+        extra_info.update(self.extra)
+
+
+def _round_dict(rec: RoundRecord) -> Dict[str, Any]:
+    r = rec.result
+    cpu = rec.server_cpu
+    return {
+        "msgs_per_s": round(r.msgs_per_s, 1),
+        "completed": r.completed,
+        "elapsed": round(r.elapsed, 6),
+        "latency_p50_us": _us(r.latency["p50"]),
+        "latency_p90_us": _us(r.latency["p90"]),
+        "latency_p95_us": _us(r.latency["p95"]),
+        "latency_p99_us": _us(r.latency["p99"]),
+        "fairness_jain": _sig(r.fairness.jain),
+        "loadgen_cpu_share": round(r.loadgen_cpu_share, 3),
+        "server_cpu": round(cpu, 6),
+        "server_ticks_user": round(rec.server_user, 3),
+        "server_ticks_sys": round(rec.server_sys, 3),
+        "server_cpu_us_per_msg": round(cpu / r.completed * 1e6, 3) if r.completed else None,
+        "other_cpu_share": round(rec.other_cpu / r.elapsed, 3) if r.elapsed and rec.other_cpu is not None else None,
+        "probe_before_ns": round(rec.probe_before, 1) if rec.probe_before else None,
+        "probe_after_ns": round(rec.probe_after, 1) if rec.probe_after else None,
+        "cpu_speed_before": rounds.ratios(rec.speed_before),
+        "cpu_speed_after": rounds.ratios(rec.speed_after),
+        "noisy": rec.noisy or None,
+        "attempt": rec.attempt,
+    }
+
+
+# ---- the load generator's own ceiling -----------------------------------------------------
+
+#: Connection counts of the ceiling benchmark (test_loadgen_ceiling[cN-64B]).
+CEILING_COUNTS = (10, 100)
+
+
+def ceiling_group(connections: int) -> str:
+    return f"loadgen-ceiling-c{connections}-64B"
+
+
+def run_ceiling(settings: Settings, server: harness.ServerProcess, connections: int,
+                pedantic: Any) -> Dict[str, Any]:
+    """The load generator's ceiling against ``server`` (native_epoll): the same connections and
+    epoll loop as the measuring engine, with no clock read per message, no payload check and
+    no histogram, timed by ``pedantic`` (pytest-benchmark's); between those rounds (untimed, in
+    pedantic's setup) the full engine runs the same round trips on the same connections, so
+    ``engine_to_ceiling`` compares the two under the same conditions.  Returns extra_info."""
+    cpus = settings.cpus
+    messages = settings.messages or 50_000
+    host, port = server.address
+    spec = loadgen.LoadSpec(host=host, port=port, connections=connections, size=64, messages=messages,
+                            warmup_messages=2000, cpu=cpus[1] if cpus else None)
+    minimal: List[Tuple[int, float, float]] = []
+    engine: List[loadgen.LoadResult] = []
+
+    def one_round(session: loadgen.LoadSession) -> None:
+        minimal.append(session.minimal_round(messages))
+
+    def engine_round(session: loadgen.LoadSession) -> Tuple[Tuple[loadgen.LoadSession], Dict[str, Any]]:
+        engine.append(session.round())
+        return (session,), {}
+
+    with loadgen.LoadSession(spec) as session:
+        pedantic(one_round, setup=lambda: engine_round(session), rounds=max(settings.rounds or 0, 9),
+                 iterations=1)
+    completed = sum(r[0] for r in minimal)
+    elapsed = sum(r[1] for r in minimal)
+    cpu = sum(r[2] for r in minimal)
+    ceiling = completed / elapsed
+    measured = sum(r.completed for r in engine) / sum(r.elapsed for r in engine)
+    # Paired: each engine round ran just before its minimal round, so their ratio cancels
+    # most of the machine's drift; the median of the pairs is the figure to read.
+    paired = statistics.median(e.msgs_per_s / (n / t) for e, (n, t, _) in zip(engine, minimal))
+    return dict(
+        metrics.stamp(metrics.CEILING),
+        impl="loadgen_ceiling", connections=connections, size=64, transport="tcp",
+        messages_per_round=messages,
+        msgs_per_s=round(ceiling, 1), loadgen_cpu_share=round(cpu / elapsed, 3),
+        engine_msgs_per_s=round(measured, 1), engine_to_ceiling=round(measured / ceiling, 4),
+        engine_to_ceiling_paired_median=round(paired, 4),
+        rounds=[{"completed": c, "elapsed": round(e, 6), "cpu": round(u, 4)} for c, e, u in minimal],
+        engine_rounds=[{"msgs_per_s": round(r.msgs_per_s, 1), "loadgen_cpu_share": round(r.loadgen_cpu_share, 3),
+                        "completed": r.completed, "errors": sum(r.errors.values())}
+                       for r in engine],
+    )

@@ -1,0 +1,148 @@
+"""TEMPORARY copy until the metrics branch merges (its gate_plugin.py replaces this)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import pytest
+
+from . import gate, machine
+
+
+def marker_fail_on(item: pytest.Item) -> Optional[str]:
+    """The expression of the test's closest ``pcb_fail_on`` marker, or None."""
+    marker = item.get_closest_marker("pcb_fail_on")
+    if marker is None:
+        return None
+    if len(marker.args) != 1 or not isinstance(marker.args[0], str):
+        raise pytest.UsageError(f"{item.nodeid}: pcb_fail_on takes one expression string, "
+                                f"e.g. pcb_fail_on('latency_p99:+50%')")
+    return marker.args[0]
+
+
+class GatePlugin:
+    """Registered when --pcb-fail-on is given: compares each benchmark, as its test finishes,
+    with the same test in --benchmark-compare's baseline, and turns a regression into a
+    failure of that test with one line per regressed metric."""
+
+    NAME = "pyconcbench-gate"
+
+    def __init__(self, config: pytest.Config, settings: Any) -> None:
+        self.rules = gate.parse_fail_on(settings.fail_on or "")
+        self.settings = settings
+        self.result = gate.GateResult(alpha=settings.fail_alpha)
+        self.baseline: Dict[str, List[Dict[str, Any]]] = {}
+        self.baseline_name = ""
+        self.problem = ""
+        self.facts_note = ""
+        source = settings.sources.get("fail-on", "--pcb-fail-on")
+        if not config.getoption("benchmark_compare", None):
+            raise pytest.UsageError(f"{source}: the gate needs a baseline: add --benchmark-compare (the "
+                                    "newest saved run) or --benchmark-compare=NUM")
+        self.config = config
+        self.source = source
+
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        """Reads the baseline pytest-benchmark loaded for --benchmark-compare (its
+        pytest_configure has run by now)."""
+        settings = self.settings
+        bs = getattr(self.config, "_benchmarksession", None)
+        if bs is not None and (getattr(bs, "disabled", False) or getattr(bs, "skip", False)):
+            # --benchmark-disable or --benchmark-skip, or pytest-xdist (which disables benchmarks)
+            raise pytest.UsageError(f"{self.source}: the gate compares measured rounds, but benchmarks are "
+                                    "disabled or skipped in this run (--benchmark-disable, "
+                                    "--benchmark-skip, or pytest-xdist's -n)")
+        mapping = getattr(bs, "compared_mapping", None) or {}
+        if not mapping:
+            where = getattr(bs, "storage", None) or "the benchmark storage"
+            self.problem = (f"no baseline: --benchmark-compare found no saved run in {where}, so nothing "
+                            "was gated (save one first: --benchmark-autosave)")
+            return
+        # --benchmark-compare=GLOB may match several saved runs: all of them are the baseline
+        # (their rounds pooled, and a regression must be worse than every one of them).
+        for path, benches in mapping.items():
+            for fullname, bench in benches.items():
+                self.baseline.setdefault(fullname, []).append(bench)
+        names = [str(p) for p in mapping]
+        self.baseline_name = names[0] if len(names) == 1 else f"{len(names)} runs ({names[0]} .. {names[-1]})"
+        here = {"pyconcbench": machine.machine_facts()}
+        for path in mapping:
+            data = None
+            for candidate in (Path(str(path)), Path(str(getattr(bs, "storage", ""))) / path):
+                try:
+                    data = json.loads(candidate.read_text(encoding="utf8"))
+                    break
+                except (OSError, ValueError):
+                    continue
+            if data is None:
+                self.facts_note = (f"the machine facts of the baseline {path} could not be read: "
+                                   "not checked against this machine")
+                continue
+            diffs = gate.fact_differences(data.get("machine_info", {}), here)
+            if diffs and not settings.allow_machine_change:
+                raise pytest.UsageError(
+                    f"{self.source}: the baseline {path} was measured on a different machine or Python ("
+                    + "; ".join(diffs) + "): its numbers are not comparable; pass --pcb-allow-machine-change "
+                    "yes to gate anyway")
+            if diffs:
+                self.facts_note = "machine facts differ from the baseline's (gated anyway): " + "; ".join(diffs)
+
+    @staticmethod
+    def bench_dict(bench: Any) -> Optional[Dict[str, Any]]:
+        meta = getattr(bench, "stats", None)
+        st = getattr(meta, "stats", None)
+        if st is None:
+            return None
+        return {"name": bench.name, "fullname": bench.fullname, "group": bench.group,
+                "extra_info": bench.extra_info,
+                "stats": {"median": st.median, "data": list(st.data)}}
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo):
+        report = yield
+        if report.when != "call" or not report.passed or self.problem:
+            return report
+        new = self.bench_dict(getattr(item, "funcargs", {}).get("benchmark"))
+        if new is None:
+            return report
+        text = marker_fail_on(item)
+        marker_rules = gate.parse_fail_on(text) if text else []
+        changes = gate.check_bench(self.baseline.get(new["fullname"]), new, self.rules, marker_rules,
+                                   self.settings.fail_alpha)
+        self.result.changes.extend(changes)
+        failed = [c for c in changes if c.failed]
+        if failed:
+            report.outcome = "failed"
+            report.longrepr = "\n".join(f"pyconcbench gate: {c.line()}" for c in failed)
+        return report
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        tr = terminalreporter
+        tr.write_sep("-", "pyconcbench regression gate")
+        if self.problem:
+            tr.write_line(f"pyconcbench gate: {self.problem}")
+            return
+        res = self.result
+        counts: Dict[str, int] = {}
+        for c in res.changes:
+            counts[c.status] = counts.get(c.status, 0) + 1
+        tr.write_line(f"baseline {self.baseline_name}; fail-on {self.settings.fail_on}; alpha "
+                      f"{self.settings.fail_alpha:g}; " + (", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+                                                          or "no gated metric in the tests that ran"))
+        if self.facts_note:
+            tr.write_line(self.facts_note)
+        for c in res.changes:
+            if c.status in ("regression", "within noise", "improved", "noisy", "untested"):
+                tr.write_line(f"{c.status.upper():>12}  {c.test} {c.metric} {gate.fmt_change(c.change)} "
+                              f"(p={'-' if c.p_value is None else format(c.p_value, '.3g')})")
+        if self.settings.gate_markdown:
+            context = [f"Baseline `{self.baseline_name}`; fail-on `{self.settings.fail_on}`."]
+            if self.facts_note:
+                context.append(self.facts_note)
+            try:
+                with open(self.settings.gate_markdown, "a", encoding="utf8") as fh:
+                    fh.write(gate.markdown(res, context=context) + "\n")
+                tr.write_line(f"gate summary appended to {self.settings.gate_markdown}")
+            except OSError as exc:
+                tr.write_line(f"pyconcbench gate: cannot write {self.settings.gate_markdown}: {exc.strerror}")

@@ -1,0 +1,384 @@
+"""The one table of options, and the settings a run resolves from them.
+
+Used by the pytest plugin (``--pcb-NAME``) and by the ``pyconcbench`` command (``--NAME``), with
+the same names and meanings: a value comes from the command line, else the environment
+(``PCB_NAME``), else (pytest only) the ini file (``pcb_NAME``), else the option's default or
+the profile's.  A bad value is an ``OptionError`` naming where it came from.  Also the
+benchmark matrices (profiles).  No pytest here.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from . import gate, harness, loadgen, servers
+
+
+class OptionError(ValueError):
+    """A bad option value or combination, in one line that names its source."""
+
+
+SIZE_UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1024, "kib": 1024, "m": 1 << 20, "mb": 1 << 20,
+              "mib": 1 << 20}
+
+
+def parse_sizes(text: str) -> Tuple[int, ...]:
+    """'64,1KiB,100k' -> (64, 1024, 102400); each 1 B .. 1 MiB."""
+    out = []
+    for part in _items(text):
+        m = re.fullmatch(r"(\d+)\s*([a-zA-Z]*)", part)
+        if not m or m.group(2).lower() not in SIZE_UNITS:
+            raise ValueError(f"{part!r} is not a size (e.g. 64, 64B, 1KiB, 100KiB, 1MiB)")
+        size = int(m.group(1)) * SIZE_UNITS[m.group(2).lower()]
+        if not 1 <= size <= loadgen.MAX_SIZE:
+            raise ValueError(f"{part!r} is outside 1 B .. 1 MiB")
+        out.append(size)
+    return tuple(out)
+
+
+def parse_counts(text: str) -> Tuple[int, ...]:
+    """'10,100,1k,max' -> connection counts; 'max' is the most the fd limit allows."""
+    out = []
+    for part in _items(text):
+        if part.lower() == "max":
+            out.append(loadgen.max_connections())
+            continue
+        m = re.fullmatch(r"(\d+)([kK]?)", part)
+        if not m:
+            raise ValueError(f"{part!r} is not a connection count (e.g. 10, 1k, max)")
+        n = int(m.group(1)) * (1000 if m.group(2) else 1)
+        if n < 1:
+            raise ValueError(f"{part!r}: need at least 1 connection")
+        out.append(n)
+    return tuple(out)
+
+
+def parse_impls(text: str) -> Tuple[str, ...]:
+    out = []
+    for part in _items(text):
+        if part == "all":
+            out.extend(servers.IMPLS)
+        elif part in servers.IMPLS:
+            out.append(part)
+        else:
+            raise ValueError(f"unknown implementation {part!r}; known: {', '.join(servers.IMPLS)}")
+    return tuple(dict.fromkeys(out))
+
+
+def parse_transports(text: str) -> Tuple[str, ...]:
+    out = _items(text)
+    for part in out:
+        if part not in ("tcp", "unix"):
+            raise ValueError(f"{part!r} is not a transport (tcp, unix)")
+    return tuple(dict.fromkeys(out))
+
+
+def parse_cpus(text: str) -> Optional[Tuple[int, int]]:
+    """'0,1' -> (server CPU, load-generator CPU); 'none' turns pinning off."""
+    if text.strip().lower() in ("none", "off"):
+        return None
+    parts = _items(text)
+    if len(parts) != 2 or not all(p.isdigit() for p in parts):
+        raise ValueError(f"{text!r} is not SERVER_CPU,LOADGEN_CPU (e.g. 0,1) or 'none'")
+    server, load = int(parts[0]), int(parts[1])
+    allowed = sorted(os.sched_getaffinity(0))
+    for cpu in (server, load):
+        if cpu not in allowed:
+            raise ValueError(f"CPU {cpu} is not available to this process (allowed: {allowed})")
+    if server == load:
+        raise ValueError(f"server and load generator on the same CPU {server}: give two CPUs or 'none'")
+    return server, load
+
+
+def parse_positive_int(text: str) -> int:
+    if not re.fullmatch(r"\d+", text.strip()) or int(text) < 1:
+        raise ValueError(f"{text!r} is not a whole number >= 1")
+    return int(text)
+
+
+def parse_seconds(text: str) -> float:
+    try:
+        value = float(text.rstrip("s"))
+    except ValueError:
+        raise ValueError(f"{text!r} is not a number of seconds") from None
+    if not value > 0 or value != value or value == float("inf"):
+        raise ValueError(f"{text!r} must be > 0 seconds")
+    return value
+
+
+def parse_mallocs(text: str) -> Tuple[str, ...]:
+    out = _items(text)
+    for part in out:
+        if part == "default":
+            raise ValueError("'default' is gone: the default state is now 'representative' (a server that has "
+                             "seen clients disconnect); the old default is 'pristine'")
+        if part not in harness.MALLOC_STATES:
+            raise ValueError(f"{part!r} is not an allocator state ({', '.join(harness.MALLOC_STATES)})")
+    return tuple(dict.fromkeys(out))
+
+
+def parse_reference(text: str) -> str:
+    value = text.strip().lower()
+    if value not in REFERENCE_MODES:
+        raise ValueError(f"{text!r} is not one of {', '.join(REFERENCE_MODES)}")
+    return value
+
+
+#: Where the plain reference servers run: ``auto`` at 100 connections x 64 B over TCP, ``all``
+#: at every case, ``none`` nowhere.
+REFERENCE_MODES = ("auto", "all", "none")
+
+def parse_bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "yes", "true", "on"):
+        return True
+    if value in ("0", "no", "false", "off", ""):
+        return False
+    raise ValueError(f"{text!r} is not yes or no")
+
+
+def parse_fail_on(text: str) -> str:
+    """Checks a fail-on expression (see pyconcbench.gate); keeps its text."""
+    try:
+        gate.parse_fail_on(text)
+    except gate.GateSpecError as exc:
+        raise ValueError(str(exc)) from None
+    return text
+
+
+def parse_alpha(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"expected a significance level such as 0.05, got {text!r}") from None
+    if not 0.0 < value < 1.0:
+        raise ValueError(f"the significance level must be between 0 and 1, got {text!r}")
+    return value
+
+
+def parse_profile(text: str) -> str:
+    if text not in PROFILES:
+        raise ValueError(f"{text!r} is not a profile ({', '.join(PROFILES)})")
+    return text
+
+
+def _items(text: str) -> List[str]:
+    items = [p.strip() for p in str(text).split(",") if p.strip()]
+    if not items:
+        raise ValueError(f"{text!r} is empty")
+    return items
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A benchmark matrix: (connections, size, transport) cases, and the round sizes.
+    ``variants``: (impl, connections, size, transport, allocator state) cases run besides the
+    matrix when --pcb-malloc is not given, to show what a special state costs."""
+
+    cases: Tuple[Tuple[int, int, str], ...]
+    rounds: int
+    min_messages: int
+    variants: Tuple[Tuple[str, int, int, str, str], ...] = ()
+
+    def messages_for(self, connections: int, size: int) -> int:
+        """Round trips per round: ~20 per connection (fewer from 3,000 connections on, where
+        the slowest models manage a few hundred a second), and large messages capped near
+        256 MiB of payload per round."""
+        per = per_connection(connections)
+        n = max(self.min_messages, per * connections)
+        if size > 1024:
+            n = max(per * connections, min(n, (256 << 20) // size))
+        return n
+
+    def rounds_for(self, connections: int) -> int:
+        """Measured rounds: the profile's, at most 3 from 3,000 connections on."""
+        return self.rounds if connections < 3000 else min(self.rounds, 3)
+
+
+def per_connection(connections: int) -> int:
+    """Round trips each connection makes per round (and, times 1/5, in the warm-up)."""
+    if connections < 3000:
+        return 20
+    return 5 if connections < 10_000 else 2
+
+
+def _profile_quick() -> Profile:
+    # UNIX sockets at 100 connections: ~1.4 us of kernel work per send+recv against ~6 us for
+    # loopback TCP, so the concurrency model's own cost shows far more clearly.
+    cases = tuple((c, 64, "tcp") for c in (10, 100, 1000)) + ((100, 64, "unix"),)
+    return Profile(cases=cases, rounds=5, min_messages=20_000, variants=PRISTINE_VARIANTS)
+
+
+def _profile_full() -> Profile:
+    counts = [10, 32, 100, 316, 1000, 3000, 10000]
+    top = loadgen.max_connections()
+    counts = [c for c in counts if c <= top]
+    if top > counts[-1]:
+        counts.append(top)
+    cases = [(c, 64, "tcp") for c in counts]
+    cases += [(10, s, "tcp") for s in (1024, 10 * 1024, 100 * 1024)]
+    cases += [(c, 64, "unix") for c in (10, 100)]
+    return Profile(cases=tuple(cases), rounds=7, min_messages=50_000, variants=PRISTINE_VARIANTS)
+
+
+#: The allocator-sensitive implementations, shown also in the pristine state at 100 connections,
+#: 64 B over TCP: those that receive into a fresh 256 KiB buffer per read (asyncio's selector
+#: transport) make an mmap, an mremap and a munmap per round trip when pristine.  Measured for
+#: every implementation (docs/representative.md); the others make none in either state.
+PRISTINE_VARIANTS = tuple((impl, 100, 64, "tcp", "pristine")
+                          for impl in ("asyncio_protocol", "asyncio_streams", "anyio"))
+
+
+PROFILES: Dict[str, Callable[[], Profile]] = {"quick": _profile_quick, "full": _profile_full}
+
+# name -> (parser, default, help, metavar); the CLI option is --pcb-NAME, the environment
+# variable PCB_NAME, the ini key pcb_NAME (dashes become underscores).
+OPTIONS: Dict[str, Tuple[Callable[[str], Any], Optional[str], str, str]] = {
+    "profile": (parse_profile, "quick", "benchmark matrix: quick (minutes) or full (the studies' matrix)", "NAME"),
+    "impl": (parse_impls, "all", "implementations to run, comma-separated, or 'all'", "IDS"),
+    "conns": (parse_counts, None, "connection counts, e.g. 10,100,1k,max (default: the profile's matrix; "
+              "given conns, size and transport make a product, 64 B and tcp where not given)", "COUNTS"),
+    "size": (parse_sizes, None, "message sizes, e.g. 64,1KiB,100KiB (default: the profile's)", "SIZES"),
+    "transport": (parse_transports, None, "tcp, unix or both (default: the profile's)", "LIST"),
+    "messages": (parse_positive_int, None, "round trips per round (default: by profile and scale)", "N"),
+    "duration": (parse_seconds, None, "seconds per round instead of a fixed number of round trips", "SECONDS"),
+    "rounds": (parse_positive_int, None, "measured rounds per benchmark (default: the profile's: quick 5, "
+               "full 7, 3 from 3,000 connections on)", "N"),
+    "cpus": (parse_cpus, None, "SERVER_CPU,LOADGEN_CPU to pin to, or 'none' (default: 0,1, or the "
+             "first two CPUs this process may use; pinning off with only one)", "A,B"),
+    "malloc": (parse_mallocs, None, "allocator states to measure each server in: representative (it has "
+               "seen clients disconnect, as any server in use has), pristine (never: glibc then maps and "
+               "unmaps asyncio's 256 KiB receive buffer per read), tuned (representative with glibc's "
+               "thresholds fixed by MALLOC_MMAP_THRESHOLD_/MALLOC_TRIM_THRESHOLD_); other than "
+               "representative adds -malloc_STATE to the test id (default: representative, plus the "
+               "profile's pristine variants)", "LIST"),
+    "reference": (parse_reference, "auto", "where the plain reference servers (pyconcbench.plain) run beside "
+                  "their project counterparts: auto (100 connections, 64 B, TCP), all (every case), none", "WHERE"),
+    "syscalls": (parse_bool, "no", "count the server's syscalls and context switches per round trip "
+                 "(perf, else strace; slows the server)", "yes|no"),
+    "noise-retries": (parse_positive_int, "3", "how often a noisy round is measured again", "N"),
+    "stall-timeout": (parse_seconds, "10", "fail a round when no round trip completes for this long", "SECONDS"),
+    "fail-on": (parse_fail_on, None, "regression gate against --benchmark-compare's baseline: comma-separated "
+                "[SCOPE@]METRIC:THRESHOLD, e.g. 'msgs_per_s:-10%%,latency_p99:+25%%' (see pyconcbench.gate); "
+                "a regression fails its test item", "EXPR"),
+    "fail-alpha": (parse_alpha, "0.05", "significance level of the gate's one-sided Mann-Whitney U test "
+                   "over the per-round samples", "P"),
+    "gate-markdown": (str, None, "append the gate's Markdown summary to this file (e.g. $GITHUB_STEP_SUMMARY)",
+                      "FILE"),
+    "allow-machine-change": (parse_bool, "no", "gate even when the baseline's CPU model, CPU count, kernel "
+                             "or Python differ from this machine's", "yes|no"),
+}
+
+
+@dataclass(frozen=True)
+class Settings:
+    profile: str
+    impls: Tuple[str, ...]
+    cases: Tuple[Tuple[int, int, str], ...]
+    messages: Optional[int]
+    duration: Optional[float]
+    rounds: Optional[int]  # None: the profile's, by scale
+    cpus: Optional[Tuple[int, int]]
+    noise_retries: int
+    stall_timeout: float
+    mallocs: Tuple[str, ...] = ("representative",)
+    variants: Tuple[Tuple[str, int, int, str, str], ...] = ()
+    reference: str = "auto"
+    syscalls: bool = False
+    fail_on: Optional[str] = None
+    fail_alpha: float = 0.05
+    gate_markdown: Optional[str] = None
+    allow_machine_change: bool = False
+    pinning_note: str = ""
+    sources: Dict[str, str] = field(default_factory=dict)
+
+
+def env_name(name: str) -> str:
+    return "PCB_" + name.replace("-", "_").upper()
+
+
+def from_environment(name: str) -> Tuple[Optional[str], str]:
+    """The option's raw value from ``PCB_NAME``, or (None, "default")."""
+    env = env_name(name)
+    if os.environ.get(env, "") != "":
+        return os.environ[env], f"{env} (environment)"
+    return None, "default"
+
+
+def parse_option(name: str, raw: Optional[str], source: str) -> Any:
+    """One option's value from its raw text (None: its default), OptionError naming the source."""
+    parser, default, _, _ = OPTIONS[name]
+    if raw is None:
+        raw = default
+    if raw is None:
+        return None
+    try:
+        return parser(raw)
+    except ValueError as exc:
+        raise OptionError(f"{source}: {exc}") from None
+
+
+def resolve(raw: Callable[[str], Tuple[Optional[str], str]]) -> Settings:
+    """The run's settings; ``raw(name)`` gives each option's text and where it came from
+    ((None, "default") when not given)."""
+    values: Dict[str, Any] = {}
+    sources: Dict[str, str] = {}
+    for name in OPTIONS:
+        text, source = raw(name)
+        sources[name] = source
+        values[name] = parse_option(name, text, source)
+    if values["messages"] is not None and values["duration"] is not None:
+        raise OptionError("--pcb-messages and --pcb-duration exclude each other: give one")
+    profile = PROFILES[values["profile"]]()
+    cases = list(profile.cases)
+    conns, sizes, transports = values["conns"], values["size"], values["transport"]
+    if conns or sizes or transports:
+        # The given dimensions make a product; a dimension not given is the profile's
+        # connection counts, 64 B, TCP.
+        cases = list(itertools.product(
+            conns or [c for c, s, t in profile.cases if (s, t) == (64, "tcp")],
+            sizes or (64,),
+            transports or ("tcp",),
+        ))
+    top = loadgen.max_connections()
+    too_many = [c for c, _, _ in cases if c > top]
+    if too_many:
+        raise OptionError(
+            f"{sources['conns']}: {too_many[0]} connections do not fit: one process holds at most "
+            f"{top} sockets here (ulimit -n hard limit {loadgen.fd_limit()[1]}); use 'max'")
+    cpus = values["cpus"]
+    if cpus is None:
+        note = f"pinning off ({sources['cpus']})"
+    else:
+        note = "server on CPU %d, load generator on CPU %d" % cpus
+    if sources["cpus"] == "default":
+        # The default 0,1 adapts to the CPUs this process may use; an explicit value does not.
+        plan = harness.pinning_plan()
+        cpus = None if plan.server_cpu is None else (plan.server_cpu, plan.load_cpu)
+        note = plan.note
+    return Settings(
+        profile=values["profile"],
+        impls=values["impl"],
+        cases=tuple(dict.fromkeys(cases)),
+        messages=values["messages"],
+        duration=values["duration"],
+        rounds=values["rounds"],
+        cpus=cpus,
+        noise_retries=values["noise-retries"],
+        stall_timeout=values["stall-timeout"],
+        mallocs=values["malloc"] or (harness.MALLOC_DEFAULT,),
+        # the profile's variants only when the states were not chosen, and only at its cases
+        variants=() if values["malloc"] else tuple(
+            v for v in profile.variants if v[0] in values["impl"] and v[1:4] in cases),
+        reference=values["reference"],
+        syscalls=values["syscalls"],
+        fail_on=values["fail-on"],
+        fail_alpha=values["fail-alpha"],
+        gate_markdown=values["gate-markdown"],
+        allow_machine_change=values["allow-machine-change"],
+        pinning_note=note,
+        sources=sources,
+    )
