@@ -1,0 +1,57 @@
+"""The import rules of docs/architecture.md, checked in a fresh interpreter each: workloads,
+engines and the harness never import pytest (the plugin is the only bridge), and the report
+reads saved JSON only (it never imports a workload, the harness or the engine)."""
+import json
+import pkgutil
+import subprocess
+import sys
+
+import pytest
+
+import pyconcbench
+
+#: The pytest-free side: everything but the plugin, the gate's plugin and the report.
+WORKLOADS = ("pyconcbench.options", "pyconcbench.rounds", "pyconcbench.instruments", "pyconcbench.machine",
+             "pyconcbench.echo", "pyconcbench.loadgen", "pyconcbench.harness", "pyconcbench.serve",
+             "pyconcbench.plain", "pyconcbench.syscalls", "pyconcbench.gate", "pyconcbench.stats",
+             "pyconcbench.metrics", "pyconcbench.micro", "pyconcbench.zmq", "pyconcbench.zmq.runner",
+             "pyconcbench.cli", "pyconcbench.gobuild", "pyconcbench.broken")
+
+
+def _loaded_after(module: str):
+    """The pyconcbench modules and pytest loaded by importing ``module`` alone."""
+    code = ("import json, sys, importlib; importlib.import_module(%r); "
+            "print(json.dumps(sorted(m for m in sys.modules if m.startswith(('pyconcbench', 'pytest', "
+            "'_pytest')))))" % module)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, f"importing {module} failed: {out.stderr.strip().splitlines()[-1:]}"
+    return set(json.loads(out.stdout))
+
+
+def _servers():
+    import pyconcbench.servers as servers
+
+    return ["pyconcbench.servers"] + [f"pyconcbench.servers.{m.name}" for m in pkgutil.iter_modules(servers.__path__)]
+
+
+@pytest.mark.parametrize("module", WORKLOADS + tuple(_servers()))
+def test_workloads_and_engines_never_import_pytest(module):
+    loaded = _loaded_after(module)
+    assert not {m for m in loaded if m in ("pytest", "_pytest") or m.startswith("_pytest.")}, \
+        f"{module} imports pytest"
+    assert "pyconcbench.plugin" not in loaded, f"{module} imports the plugin"
+
+
+def test_the_rule_can_fail():
+    # the checker itself sees pytest when a module does import it
+    assert "pytest" in _loaded_after("pyconcbench.plugin")
+
+
+def test_every_module_is_covered():
+    """A new top-level module must be placed on one side of the rules (here or in the report's)."""
+    known = set(WORKLOADS) | {"pyconcbench.plugin", "pyconcbench.gate_plugin", "pyconcbench.report",
+                              "pyconcbench.servers", "pyconcbench.procs",
+                              "pyconcbench.net", "pyconcbench._native", "pyconcbench.__main__",
+                              "pyconcbench.results", "pyconcbench.plots", "pyconcbench.summary"}
+    found = {f"pyconcbench.{m.name}" for m in pkgutil.iter_modules(pyconcbench.__path__)}
+    assert found - known == set(), f"modules not placed in tests/test_layering.py: {sorted(found - known)}"
