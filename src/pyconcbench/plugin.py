@@ -23,7 +23,7 @@ from . import echo, gate, harness, instruments, loadgen, machine, metrics, micro
 from . import zmq as pcbzmq
 from .echo import EchoCase, EchoOutcome, EchoRunner
 from .gate_plugin import GatePlugin, marker_fail_on
-from .micro.summary import depth_fits, table as switch_table
+from .micro.summary import table as switch_table
 from .options import Settings
 from .summary import ceiling_table, echo_table, syscall_table
 
@@ -162,22 +162,36 @@ def _fail(message: str) -> None:
     pytest.fail(message, pytrace=False)  # one line, no traceback
 
 
+def _call(fn: Callable[[], Any], skip: Tuple[type, ...], fail: Tuple[type, ...],
+          prefix: str = "", typed: bool = False) -> Any:
+    """fn(), with an exception in ``skip`` made a skip (a package or tool missing here) and one
+    in ``fail`` a failure (our own code broken included), each in one line: the pytest calls
+    sit outside the except blocks, so no chained traceback."""
+    skipped = failed = None
+    try:
+        return fn()
+    except skip as exc:
+        skipped = str(exc)
+    except fail as exc:
+        failed = f"{prefix}{type(exc).__name__}: {exc}" if typed else f"{prefix}{exc}"
+    if skipped is not None:
+        pytest.skip(skipped)
+    _fail(failed)
+
+
 # ---- echo -----------------------------------------------------------------------------------
 
 @pytest.fixture
 def echo_server(request: pytest.FixtureRequest, echo_case: EchoCase, pcb_settings: Settings):
     """The server process under test for this case, pinned to the server CPU."""
-    failure = skipped = None
-    try:
-        loadgen.ensure_fd_limit(echo_case.connections)
-    except loadgen.FdLimitError as exc:
-        failure = str(exc)
-    if failure is None:
-        server, skipped, failure = _start_server(echo_case, pcb_settings)
-    if skipped is not None:
-        pytest.skip(skipped)
-    if failure is not None:
-        _fail(failure)
+    _call(lambda: loadgen.ensure_fd_limit(echo_case.connections), (), (loadgen.FdLimitError,))
+    cpus = pcb_settings.cpus
+    kind = harness.PlainServer if echo_case.plain else harness.ServerProcess
+    # Thread-per-connection models take seconds to wind down 10k threads on one CPU.
+    server = kind(echo_case.impl, transport=echo_case.transport, cpu=cpus[0] if cpus else None,
+                  malloc=echo_case.malloc, stop_timeout=max(10.0, echo_case.connections / 500.0))
+    # not installed, not on PATH, not on this Python: a skip; ServerBroken (our own code): a failure
+    _call(server.start, (harness.ServerUnavailable,), (harness.ServerError,))
     try:
         yield server
     finally:
@@ -191,23 +205,6 @@ def echo_server(request: pytest.FixtureRequest, echo_case: EchoCase, pcb_setting
                 failure = f"{echo_case.id}: {exc}"
         if failure is not None:
             _fail(failure)
-
-
-def _start_server(case: EchoCase, settings: Settings) -> Tuple[Any, Optional[str], Optional[str]]:
-    """(server, skip reason, failure): a missing package or tool is a skip, anything else
-    (our own code broken included) a failure."""
-    cpus = settings.cpus
-    kind = harness.PlainServer if case.plain else harness.ServerProcess
-    # Thread-per-connection models take seconds to wind down 10k threads on one CPU.
-    server = kind(case.impl, transport=case.transport, cpu=cpus[0] if cpus else None,
-                  malloc=case.malloc, stop_timeout=max(10.0, case.connections / 500.0))
-    try:
-        server.start()
-    except harness.ServerUnavailable as exc:  # not installed, not on PATH, not on this Python
-        return server, str(exc), None
-    except harness.ServerError as exc:  # ServerBroken (our own code) included: never a skip
-        return server, None, str(exc)
-    return server, None, None
 
 
 @pytest.fixture
@@ -256,13 +253,9 @@ def ceiling_bench(request: pytest.FixtureRequest, benchmark: Any, ceiling_connec
     """Call it to measure the load generator's ceiling; returns the extra_info dict."""
 
     def run() -> Dict[str, Any]:
-        failure = None
-        try:
-            extra = echo.run_ceiling(pcb_settings, ceiling_server, ceiling_connections, benchmark.pedantic)
-        except (loadgen.LoadError, harness.ServerError) as exc:
-            failure = f"loadgen_ceiling c{ceiling_connections}: {exc}"
-        if failure is not None:
-            _fail(failure)
+        extra = _call(lambda: echo.run_ceiling(pcb_settings, ceiling_server, ceiling_connections,
+                                               benchmark.pedantic),
+                      (), (loadgen.LoadError, harness.ServerError), f"loadgen_ceiling c{ceiling_connections}: ")
         # pytest-benchmark keeps a reference to this very dict: update it, never rebind it.
         benchmark.extra_info.update(extra)
         request.config.stash[CEILING_KEY].append(dict(extra))
@@ -289,17 +282,9 @@ def zmq_bench(benchmark: Any, zmq_case: Any, pcb_settings: Settings, pcb_probe_b
         runner = Runner(zmq_case, requests=pcb_settings.messages or zmq_case.requests, rounds_=rounds_,
                         retries=pcb_settings.noise_retries, timeout=pcb_settings.stall_timeout, cpus=cpus,
                         probe_baseline=pcb_probe_baseline, speed=pcb_speed_gauge)
-        skipped = failure = None
-        try:
-            extra = runner.run(benchmark.pedantic)
-        except pcbzmq.Unavailable as exc:  # a package not installed, or not importable on this Python
-            skipped = str(exc)
-        except (pcbzmq.RoundError, pcbzmq.Broken) as exc:  # Broken: our own module does not import
-            failure = f"{zmq_case.id}: {exc}"
-        if skipped is not None:
-            pytest.skip(skipped)
-        if failure is not None:
-            _fail(failure)
+        # a package not installed or not importable here: a skip; our own module broken: a failure
+        extra = _call(lambda: runner.run(benchmark.pedantic), (pcbzmq.Unavailable,),
+                      (pcbzmq.RoundError, pcbzmq.Broken), f"{zmq_case.id}: ")
         benchmark.extra_info.update(extra)  # the very dict pytest-benchmark saves
         return benchmark.extra_info
 
@@ -315,45 +300,19 @@ def switch_bench(request: pytest.FixtureRequest, benchmark: Any, switch_case: An
 
     def run() -> Dict[str, Any]:
         runner = micro.Runner(switch_case, pcb_settings.cpus)
-        skipped = failure = None
-        try:
-            runner.check_available()
-        except micro.Unavailable as exc:  # not installed, not on PATH, one CPU
-            skipped = str(exc)
-        except micro.Broken as exc:  # our own code (the Go baselines) does not build
-            failure = f"{switch_case.id}: {exc}"
-        if skipped is not None:
-            pytest.skip(skipped)
-        if failure is None:
-            try:
-                extra = runner.run(benchmark.pedantic)
-            except (micro.WorkloadError, OSError, RuntimeError) as exc:
-                failure = f"{switch_case.id}: {type(exc).__name__}: {exc}"
-        if failure is not None:
-            _fail(failure)
+        # not installed, not on PATH, one CPU: a skip; the Go baselines do not build: a failure
+        _call(runner.check_available, (micro.Unavailable,), (micro.Broken,), f"{switch_case.id}: ")
+        extra = _call(lambda: runner.run(benchmark.pedantic), (),
+                      (micro.WorkloadError, OSError, RuntimeError), f"{switch_case.id}: ", typed=True)
         info = benchmark.extra_info  # the very dict pytest-benchmark saves
         info.update(extra)
         rows = request.config.stash[SWITCH_KEY]
         rows.append(info)
         if switch_case.depth is not None:
-            _fit_depths(switch_case, rows)
+            micro.attach_depth_fit(switch_case, rows)
         return info
 
     return run
-
-
-def _fit_depths(case: Any, rows: List[Dict[str, Any]]) -> None:
-    """Every depth case of a kind carries the line fitted over all its depths measured so far,
-    so the last one to run completes it in each of them."""
-    kind = case.name.rsplit("-d", 1)[0]
-    infos = [r for r in rows if r.get("depth") is not None and r["case"].rsplit("-d", 1)[0] == kind]
-    fit = depth_fits(infos).get(kind)
-    if fit is None:
-        return
-    slope, intercept, r2, depths = fit
-    for d in infos:
-        d.update(fit_slope_ns_per_level=round(slope, 3), fit_intercept_ns=round(intercept, 3),
-                 fit_r2=round(r2, 4), fit_depths=depths)
 
 
 # ---- reports and the gate's markers -----------------------------------------------------------

@@ -342,6 +342,23 @@ def default_cpus() -> Tuple[int, ...]:
     return tuple(sorted(os.sched_getaffinity(0))[:2])
 
 
+def attach_depth_fit(case: Case, rows: List[Dict[str, Any]]) -> None:
+    """Every depth case of ``case``'s kind among ``rows`` (extra_info dicts, updated in place)
+    carries the line fitted over all its depths measured so far, so the last one to run
+    completes it in each of them."""
+    from .summary import depth_fits
+
+    kind = case.name.rsplit("-d", 1)[0]
+    infos = [r for r in rows if r.get("depth") is not None and r["case"].rsplit("-d", 1)[0] == kind]
+    fit = depth_fits(infos).get(kind)
+    if fit is None:
+        return
+    slope, intercept, r2, depths = fit
+    for d in infos:
+        d.update(fit_slope_ns_per_level=round(slope, 3), fit_intercept_ns=round(intercept, 3),
+                 fit_r2=round(r2, 4), fit_depths=depths)
+
+
 def fit_line(xs: Sequence[float], ys: Sequence[float]) -> Tuple[float, float, float]:
     """Least squares y = slope * x + intercept; returns (slope, intercept, r squared)."""
     n = len(xs)
