@@ -20,7 +20,7 @@ import pytest
 from pyconcbench import _native, gobuild, micro
 from pyconcbench.micro import (Case, Runner, Sample, Unavailable, fit_line, golang, native,
                                smallproc, workloads)
-from pyconcbench.micro.summary import depth_fits, spread_between, table
+from pyconcbench.report.switch_tables import depth_fits, spread_between, table
 
 ROOT = Path(__file__).resolve().parent.parent
 ALLOWED = sorted(os.sched_getaffinity(0))
@@ -563,7 +563,7 @@ def _children_of(pid):
 def test_fork_rows_from_a_small_process_and_from_this_one():
     """Each fork case exists twice, clearly apart: from a small helper (compared with the
     study's s_fork) and from the measuring process (no study ratio, a note saying why)."""
-    from pyconcbench.micro.summary import not_compared_note, study_figure
+    from pyconcbench.micro.study import not_compared_note, study_figure
 
     for cid in SMALL_FORK:
         c = micro.find(cid, "create")

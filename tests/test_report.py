@@ -3,7 +3,8 @@ import json
 
 import pytest
 
-from pyconcbench import cli, report, results
+from pyconcbench import cli, report
+from pyconcbench.report import results
 
 import runfactory as rf
 
@@ -243,7 +244,7 @@ def matplotlib_fonts(tmp_path_factory):
     """matplotlib keeps the font files it has used open for the life of the process: draw
     every plot once before the per-test fd leak check starts counting."""
     pytest.importorskip("matplotlib", reason="the report extra (matplotlib) is not installed")
-    from pyconcbench import plots
+    from pyconcbench.report import plots
 
     plots.plot_all(results.split(suite()["benchmarks"]))
 

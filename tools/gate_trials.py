@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 from pyconcbench import gate
-from pyconcbench.results import load_runs
+from pyconcbench.report.results import load_runs
 
 SUITE = ["tests/bench/test_echo.py", "--pcb-impl", "asyncio_protocol,uvloop_protocol",
          "--pcb-conns", "10,100", "--pcb-messages", "20000", "-q", "-p", "no:cacheprovider",

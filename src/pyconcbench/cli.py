@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import List, Optional, Sequence
 
 from pyconcbench import gate, report
-from pyconcbench.results import DEFAULT_STORAGE, ResultsError, Run, load_runs, merged_benchmarks, split
+from pyconcbench.report.results import DEFAULT_STORAGE, ResultsError, Run, load_runs, merged_benchmarks, split
 
 #: What ``pyconcbench compare`` gates when --fail-on is not given.
 DEFAULT_FAIL_ON = "msgs_per_s:-10%,requests_per_s:-10%,latency_p99:+25%,ns_per_op:+10%"
@@ -100,7 +100,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         title = "pyconcbench report"
     images: list = []
     if (args.png or args.html) and fams is not None:
-        from pyconcbench import plots
+        from pyconcbench.report import plots
 
         try:
             images, skipped = plots.plot_all(fams)

@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from . import harness, instruments, loadgen, machine, metrics, plain, rounds, servers, syscalls
 from .options import PROFILES, Settings, per_connection
-from .summary import size_label
+from .report.echo_tables import size_label
 
 #: Clock ticks of server CPU needed before its user/system split is reported.
 MIN_TICKS_FOR_SPLIT = 20

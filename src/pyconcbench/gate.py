@@ -27,50 +27,13 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from pyconcbench import stats
+from pyconcbench.metrics import METRICS, Metric, fmt_value  # noqa: F401  (gate.METRICS: the gate's names)
 
 DEFAULT_ALPHA = 0.05
 
 
 class GateSpecError(ValueError):
     """A fail-on expression that cannot be understood; the message quotes the bad part."""
-
-
-@dataclass(frozen=True)
-class Metric:
-    name: str
-    higher_is_better: bool
-    unit: str
-    #: (summary key in extra_info, list of per-round dicts in extra_info, key in each round)
-    sources: Tuple[Tuple[str, str, str], ...]
-    what: str
-
-    @property
-    def better(self) -> str:
-        return "higher" if self.higher_is_better else "lower"
-
-
-METRICS: Dict[str, Metric] = {m.name: m for m in (
-    Metric("msgs_per_s", True, "msgs/s", (("msgs_per_s", "rounds", "msgs_per_s"),),
-           "echo round trips per second"),
-    Metric("requests_per_s", True, "req/s", (("requests_per_s", "rounds", "requests_per_s"),),
-           "ZeroMQ requests per second"),
-    Metric("latency_p50", False, "us", (("latency_p50_us", "rounds", "latency_p50_us"),),
-           "median round-trip latency"),
-    Metric("latency_p90", False, "us", (("latency_p90_us", "rounds", "latency_p90_us"),),
-           "90th percentile latency"),
-    Metric("latency_p95", False, "us", (("latency_p95_us", "rounds", "latency_p95_us"),),
-           "95th percentile latency"),
-    Metric("latency_p99", False, "us", (("latency_p99_us", "rounds", "latency_p99_us"),),
-           "99th percentile latency"),
-    Metric("server_cpu_us_per_msg", False, "us", (("server_cpu_us_per_msg", "rounds", "server_cpu_us_per_msg"),),
-           "the echo server's CPU per round trip"),
-    Metric("cpu_us_per_req", False, "us", (("cpu_us_per_req", "rounds", "cpu_us_per_req"),),
-           "the ZeroMQ client's CPU per request"),
-    Metric("ns_per_op", False, "ns", (("ns_per_op", "samples", "ns_per_op"),),
-           "a switch microbenchmark's cost per operation"),
-    Metric("time", False, "s", (("", "", ""),),
-           "pytest-benchmark's round time (median)"),
-)}
 
 
 @dataclass(frozen=True)
@@ -223,16 +186,6 @@ class Change:
         return (f"{self.test}: {self.metric} regressed {fmt_value(self.base, m)} -> {fmt_value(self.new, m)} "
                 f"({fmt_change(self.change)}, threshold {bound}), one-sided Mann-Whitney U {p} "
                 f"over {self.n_base} vs {self.n_new} rounds" + (f"; {self.note}" if self.note else ""))
-
-
-def fmt_value(value: Optional[float], metric: Metric) -> str:
-    if value is None:
-        return "-"
-    if metric.unit in ("msgs/s", "req/s"):
-        return f"{value:,.0f} {metric.unit}"
-    if metric.unit == "s":
-        return f"{value * 1e3:.3f} ms"
-    return f"{value:,.2f} {metric.unit}"
 
 
 def fmt_change(change: Optional[float]) -> str:

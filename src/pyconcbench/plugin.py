@@ -23,9 +23,9 @@ from . import echo, gate, harness, instruments, loadgen, machine, metrics, micro
 from . import zmq as pcbzmq
 from .echo import EchoCase, EchoOutcome, EchoRunner
 from .gate_plugin import GatePlugin, marker_fail_on
-from .micro.summary import table as switch_table
+from .report.switch_tables import table as switch_table
 from .options import Settings
-from .summary import ceiling_table, echo_table, syscall_table
+from .report.echo_tables import ceiling_table, echo_table, syscall_table
 
 SETTINGS_KEY = pytest.StashKey[Settings]()
 RESULTS_KEY = pytest.StashKey[List[Dict[str, Any]]]()

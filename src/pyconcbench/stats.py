@@ -7,7 +7,7 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Tuple
 
 #: Two-sided 97.5 % quantiles of Student's t for 1..30 degrees of freedom.
 _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
@@ -88,3 +88,21 @@ def mann_whitney_less(x: Sequence[float], y: Sequence[float]) -> float:
         return 1.0
     z = (observed - n1 * n2 / 2.0 + 0.5) / math.sqrt(var)
     return 0.5 * math.erfc(-z / math.sqrt(2.0))
+
+
+def fit_line(xs: Sequence[float], ys: Sequence[float]) -> Tuple[float, float, float]:
+    """Least squares y = slope * x + intercept; returns (slope, intercept, r squared)."""
+    n = len(xs)
+    if n < 2 or n != len(ys):
+        raise ValueError("fit_line: need at least two (x, y) pairs")
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    if sxx == 0:
+        raise ValueError("fit_line: all x are equal")
+    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys))
+    slope = sxy / sxx
+    intercept = my - slope * mx
+    ss_tot = sum((y - my) ** 2 for y in ys)
+    ss_res = sum((y - (slope * x + intercept)) ** 2 for x, y in zip(xs, ys))
+    r2 = 1.0 - ss_res / ss_tot if ss_tot else 1.0
+    return slope, intercept, r2

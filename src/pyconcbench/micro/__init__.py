@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .. import instruments, metrics, rounds
+from ..stats import fit_line  # noqa: F401  (re-exported: micro.fit_line)
 from ..broken import Broken
 from . import workloads
 from .workloads import WorkloadError
@@ -346,7 +347,7 @@ def attach_depth_fit(case: Case, rows: List[Dict[str, Any]]) -> None:
     """Every depth case of ``case``'s kind among ``rows`` (extra_info dicts, updated in place)
     carries the line fitted over all its depths measured so far, so the last one to run
     completes it in each of them."""
-    from .summary import depth_fits
+    from ..report.switch_tables import depth_fits
 
     kind = case.name.rsplit("-d", 1)[0]
     infos = [r for r in rows if r.get("depth") is not None and r["case"].rsplit("-d", 1)[0] == kind]
@@ -357,24 +358,6 @@ def attach_depth_fit(case: Case, rows: List[Dict[str, Any]]) -> None:
     for d in infos:
         d.update(fit_slope_ns_per_level=round(slope, 3), fit_intercept_ns=round(intercept, 3),
                  fit_r2=round(r2, 4), fit_depths=depths)
-
-
-def fit_line(xs: Sequence[float], ys: Sequence[float]) -> Tuple[float, float, float]:
-    """Least squares y = slope * x + intercept; returns (slope, intercept, r squared)."""
-    n = len(xs)
-    if n < 2 or n != len(ys):
-        raise ValueError("fit_line: need at least two (x, y) pairs")
-    mx, my = sum(xs) / n, sum(ys) / n
-    sxx = sum((x - mx) ** 2 for x in xs)
-    if sxx == 0:
-        raise ValueError("fit_line: all x are equal")
-    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys))
-    slope = sxy / sxx
-    intercept = my - slope * mx
-    ss_tot = sum((y - my) ** 2 for y in ys)
-    ss_res = sum((y - (slope * x + intercept)) ** 2 for x, y in zip(xs, ys))
-    r2 = 1.0 - ss_res / ss_tot if ss_tot else 1.0
-    return slope, intercept, r2
 
 
 #: A round of a solo case whose measuring thread waited for its CPU more than this share of
@@ -576,7 +559,7 @@ class Runner:
         return f"Go process on CPU {self.cpus[0]}, GOMAXPROCS=1"
 
     def summary(self) -> Dict[str, Any]:
-        from .summary import not_compared_note, study_figure
+        from .study import not_compared_note, study_figure
 
         c = self.case
         per_op = [s.ns_per_op for s in self.samples]

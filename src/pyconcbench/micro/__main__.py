@@ -14,7 +14,7 @@ import sys
 from typing import List, Optional
 
 from . import Broken, Runner, Unavailable, cases
-from .summary import spread_between, table
+from ..report.switch_tables import spread_between, table
 
 
 def _cpus(text: str):

@@ -14,11 +14,12 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from pyconcbench import stats, summary
+from pyconcbench import stats
+from pyconcbench.report import echo_tables as summary
 from pyconcbench.stats import STARVING_SHARE
-from pyconcbench.micro.summary import fmt_ns
-from pyconcbench.results import Families, Run, split
-from pyconcbench.summary import BASELINE, size_label
+from pyconcbench.report.switch_tables import fmt_ns
+from pyconcbench.report.results import Families, Run, split
+from pyconcbench.report.echo_tables import BASELINE, size_label
 
 SPREAD_NOTE = ("± is the half-width of the 95 % confidence interval (Student t) of the mean of the "
                "per-round msgs/s, as a share of the rate; the rate itself is all verified round trips "
@@ -325,7 +326,7 @@ def echo_section(echo: Sequence[Dict[str, Any]], ceiling: Sequence[Dict[str, Any
 def switch_section(switch: Sequence[Dict[str, Any]]) -> Optional[Section]:
     if not switch:
         return None
-    from pyconcbench.micro.summary import GROUP_ORDER, depth_fits
+    from pyconcbench.report.switch_tables import GROUP_ORDER, depth_fits
 
     sec = Section("Context switches and hand-offs")
     infos = [b["extra_info"] for b in switch]
@@ -528,7 +529,7 @@ def by_python(runs: Sequence[Run]) -> Tuple[List[str], List[Section], List[str]]
                lambda f: {b["extra_info"].get("micro", "?"): fmt_ns(b["extra_info"].get("ns_per_op")) for b in f.switch},
                "case")
     if sw is not None:
-        from pyconcbench.micro.summary import depth_fits
+        from pyconcbench.report.switch_tables import depth_fits
 
         sec = Section("Context switches by Python version", [sw])
         slopes = cross("Depth sweep: ns per extra level of delegation", "least-squares slope of ns/op against depth",

@@ -15,8 +15,8 @@ import io
 import warnings
 from typing import Any, Dict, List, Sequence, Tuple
 
-from pyconcbench.results import Families
-from pyconcbench.summary import BASELINE, size_label
+from pyconcbench.report.results import Families
+from pyconcbench.report.echo_tables import BASELINE, size_label
 
 
 class PlotsUnavailable(Exception):
@@ -182,7 +182,7 @@ def _plot_all(fams: Families) -> Tuple[List[Tuple[str, bytes]], List[str]]:
 
 
 def _depth_plot(plt, depth: Dict[str, List[Tuple[float, float]]], depths: List[int]) -> bytes:
-    from pyconcbench.micro import fit_line
+    from pyconcbench.stats import fit_line
 
     fig, ax = plt.subplots(figsize=(8, 5))
     for n, (kind, pts) in enumerate(sorted(depth.items())):

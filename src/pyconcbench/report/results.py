@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence
 
+from pyconcbench import metrics
+
 DEFAULT_STORAGE = ".benchmarks"
 
 
@@ -137,17 +139,13 @@ def _query(folder: Path, name: Optional[str]) -> List[Run]:
 # ---- families ---------------------------------------------------------------------------
 
 def family(bench: Dict[str, Any]) -> str:
-    """'echo', 'ceiling', 'switch', 'zmq' or 'other' by what the benchmark's extra_info holds."""
-    info = bench.get("extra_info") or {}
-    if "micro" in info and "ns_per_op" in info:
-        return "switch"
-    if "requests_per_s" in info and "mode" in info:
-        return "zmq"
-    if info.get("impl") == "loadgen_ceiling":
-        return "ceiling"
-    if "impl" in info and "msgs_per_s" in info and "connections" in info:
-        return "echo"
-    return "other"
+    """'echo', 'ceiling', 'switch', 'zmq' or 'other': the benchmark's stamp, or for a run saved
+    before it, by what its extra_info holds (pyconcbench.metrics); ResultsError for a schema
+    this code cannot read."""
+    try:
+        return metrics.family_of(bench.get("extra_info") or {}, bench.get("name") or bench.get("fullname") or "?")
+    except metrics.SchemaError as exc:
+        raise ResultsError(str(exc)) from None
 
 
 @dataclass
