@@ -42,6 +42,22 @@ def test_workloads_and_engines_never_import_pytest(module):
     assert "pyconcbench.plugin" not in loaded, f"{module} imports the plugin"
 
 
+REPORT = ("pyconcbench.report", "pyconcbench.report.results", "pyconcbench.report.plots",
+          "pyconcbench.report.echo_tables", "pyconcbench.report.switch_tables", "pyconcbench.cli")
+#: What the report may never load: it reads saved JSON (through metrics) on any machine.
+NOT_IN_REPORT = ("pyconcbench.micro", "pyconcbench.servers", "pyconcbench.zmq", "pyconcbench.harness",
+                 "pyconcbench.loadgen", "pyconcbench.plugin", "pyconcbench._native", "pyconcbench.echo",
+                 "pyconcbench.serve", "pyconcbench.procs", "pytest")
+
+
+@pytest.mark.parametrize("module", REPORT)
+def test_the_report_reads_saved_json_only(module):
+    loaded = _loaded_after(module)
+    bad = sorted(m for m in loaded if m in NOT_IN_REPORT or m.startswith(tuple(n + "." for n in NOT_IN_REPORT)))
+    assert bad == [], f"{module} loads {bad}"
+    assert "pyconcbench.metrics" in loaded or module == "pyconcbench.report.plots"
+
+
 def test_the_rule_can_fail():
     # the checker itself sees pytest when a module does import it
     assert "pytest" in _loaded_after("pyconcbench.plugin")
@@ -49,9 +65,8 @@ def test_the_rule_can_fail():
 
 def test_every_module_is_covered():
     """A new top-level module must be placed on one side of the rules (here or in the report's)."""
-    known = set(WORKLOADS) | {"pyconcbench.plugin", "pyconcbench.gate_plugin", "pyconcbench.report",
+    known = set(WORKLOADS) | set(REPORT) | {"pyconcbench.plugin", "pyconcbench.gate_plugin",
                               "pyconcbench.servers", "pyconcbench.procs",
-                              "pyconcbench.net", "pyconcbench._native", "pyconcbench.__main__",
-                              "pyconcbench.results", "pyconcbench.plots", "pyconcbench.summary"}
+                              "pyconcbench.net", "pyconcbench._native", "pyconcbench.__main__"}
     found = {f"pyconcbench.{m.name}" for m in pkgutil.iter_modules(pyconcbench.__path__)}
     assert found - known == set(), f"modules not placed in tests/test_layering.py: {sorted(found - known)}"

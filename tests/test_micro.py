@@ -511,6 +511,7 @@ def test_bench_module_runs_records_and_prints(pytester):
     assert set(by_name) == {"test_switch[python-call]", "test_switch[native-call]",
                             "test_depth[yield_from-d2]", "test_depth[yield_from-d4]"}
     assert by_name["test_switch[native-call]"]["group"] == "switch-native"
+    assert {(b["extra_info"]["pcb_family"], b["extra_info"]["pcb_schema"]) for b in by_name.values()} == {("switch", 1)}
     for name in ("test_depth[yield_from-d2]", "test_depth[yield_from-d4]"):
         extra = by_name[name]["extra_info"]
         assert by_name[name]["group"] == "depth-sweep"

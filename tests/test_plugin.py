@@ -156,6 +156,7 @@ def test_small_benchmark_run_saves_and_compares(suite):
     assert bench["stats"]["rounds"] == 2
     extra = bench["extra_info"]
     rounds = extra["rounds"]
+    assert (extra["pcb_family"], extra["pcb_schema"]) == ("echo", 1)  # the result schema's stamp
     assert extra["errors"] == {}
     assert [r["completed"] for r in rounds] == [300, 300]
     # Values, not just keys: each figure follows from the saved rounds or is plausible for a

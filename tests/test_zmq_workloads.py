@@ -442,6 +442,7 @@ def test_small_benchmark_run(suite):
     data = json.loads((suite.path / "out.json").read_text())
     bench = {b["param"]: b for b in data["benchmarks"]}
     info = bench["pyzmq_single-200B-if1"]["extra_info"]
+    assert (info["pcb_family"], info["pcb_schema"]) == ("zmq", 1)
     assert bench["pyzmq_single-200B-if1"]["group"] == "zmq-200B-if1"
     assert bench["pyzmq_single-200B-if1"]["stats"]["rounds"] == 3
     assert info["mode"] == "pyzmq_single" and info["size"] == 200 and info["inflight"] == 1
