@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from pyconcbench import echo, harness, instruments, loadgen, machine, options, rounds
+from pyconcbench import echo, harness, instruments, loadgen, options, rounds
 from pyconcbench.report import echo_tables as summary
 from pyconcbench.echo import EchoCase, EchoOutcome, EchoRunner, RoundRecord
 from pyconcbench.options import Settings

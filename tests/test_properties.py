@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
-from pyconcbench import _native, echo, instruments, loadgen, machine, rounds, stats
+from pyconcbench import _native, instruments, loadgen, machine, rounds, stats
 from pyconcbench.loadgen import merge_percentiles
 from pyconcbench.echo import EchoCase, EchoOutcome, RoundRecord
 from pyconcbench.rounds import noise_reason

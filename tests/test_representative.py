@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from skipping import start_or_skip
-from pyconcbench import harness, loadgen, machine, plain, servers, syscalls
+from pyconcbench import harness, loadgen, instruments, plain, servers, syscalls
 from pyconcbench.harness import PlainServer, ServerProcess
 
 RATIO_BAND = (0.75, 1.33)  # server CPU per round trip, project / plain

@@ -2,7 +2,6 @@
 schema version; a run saved before the stamp existed still loads, reports and gates
 (tests/data/run-0.2-before-schema.json was saved by the suite before this change: an echo, two
 ceiling, three switch and two ZeroMQ benchmarks)."""
-import copy
 import json
 import shutil
 from pathlib import Path

@@ -11,9 +11,9 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import Optional, Sequence
 
-from pyconcbench import gate, report
+from pyconcbench import gate, options, report
 from pyconcbench.report.results import DEFAULT_STORAGE, ResultsError, Run, load_runs, merged_benchmarks, split
 
 #: What ``pyconcbench compare`` gates when --fail-on is not given.
@@ -63,17 +63,42 @@ def parser() -> argparse.ArgumentParser:
                         "SCOPE is a glob on the group or test name; a threshold's sign, if given, must point "
                         "the worse way; 'off' ungates. Metrics: " + ", ".join(sorted(gate.METRICS))
                         + ". Default: " + repr(DEFAULT_FAIL_ON).replace("%", "%%"))
-    c.add_argument("--alpha", metavar="P", type=float, default=gate.DEFAULT_ALPHA,
+    c.add_argument("--alpha", "--fail-alpha", dest="alpha", metavar="P",
                    help="significance level of the one-sided Mann-Whitney U test over the per-round "
-                        "samples. Default: %(default)s")
-    c.add_argument("--markdown", metavar="FILE",
+                        "samples. Default: %s" % gate.DEFAULT_ALPHA)
+    c.add_argument("--markdown", "--gate-markdown", dest="markdown", metavar="FILE",
                    help="also append the Markdown summary to FILE (e.g. \"$GITHUB_STEP_SUMMARY\")")
     c.add_argument("--allow-missing", action="store_true",
                    help="pass even when benchmarks of the baseline are missing from NEW (by default that "
                         "fails: a benchmark that errored is not saved)")
-    c.add_argument("--allow-machine-change", action="store_true",
+    c.add_argument("--allow-machine-change", action="store_const", const="yes",
                    help="compare even when CPU model, CPU count, kernel or Python differ between the runs")
+    c.epilog = ("The gate's options are those of the pytest plugin (--pcb-fail-on, --pcb-fail-alpha, "
+                "--pcb-gate-markdown, --pcb-allow-machine-change): same meanings, and each not given "
+                "here is read from its environment variable (PCB_FAIL_ON, PCB_FAIL_ALPHA, "
+                "PCB_GATE_MARKDOWN, PCB_ALLOW_MACHINE_CHANGE).")
     return p
+
+
+#: compare's options that are the plugin's too: argparse dest -> name in pyconcbench.options
+SHARED = {"fail_on": "fail-on", "alpha": "fail-alpha", "markdown": "gate-markdown",
+          "allow_machine_change": "allow-machine-change"}
+
+
+def _shared_options(args: argparse.Namespace) -> None:
+    """Fills compare's shared options from the command line, else PCB_* (options.OptionError,
+    one line, on a bad value)."""
+    for dest, name in SHARED.items():
+        raw = getattr(args, dest)
+        source = "--" + dest.replace("_", "-") if dest != "alpha" else "--alpha"
+        if raw is None:
+            raw, source = options.from_environment(name)
+        value = options.parse_option(name, raw, source)
+        if dest == "fail_on":
+            value = value or DEFAULT_FAIL_ON
+        elif dest == "alpha" and value is None:
+            value = gate.DEFAULT_ALPHA
+        setattr(args, dest, value)
 
 
 def _fail(msg: str) -> int:
@@ -135,14 +160,13 @@ def _one(name: str, storage: str) -> Run:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    expr = args.fail_on or DEFAULT_FAIL_ON
     try:
-        rules = gate.parse_fail_on(expr)
-    except gate.GateSpecError as exc:
-        return _fail(f"--fail-on {exc}")
+        _shared_options(args)
+    except options.OptionError as exc:
+        return _fail(str(exc))
+    expr = args.fail_on
+    rules = gate.parse_fail_on(expr)
     alpha = args.alpha
-    if not 0 < alpha < 1:
-        return _fail(f"--alpha must be between 0 and 1, got {alpha}")
     if len(args.runs) < 2:
         return _fail("compare needs a baseline and a new run: pyconcbench compare BASE [BASE ...] NEW")
     new = _one(args.runs[-1], args.storage)
@@ -155,28 +179,21 @@ def cmd_compare(args: argparse.Namespace) -> int:
             bases.append(run)
     if not bases:
         return _fail(f"the baseline {' '.join(args.runs[:-1])} names only the new run itself")
-    diffs: List[str] = []
-    for base in bases:
-        found = gate.fact_differences(base.machine, new.machine)
-        if found and not args.allow_machine_change:
-            return _fail(f"{base.name} and {new.name} were measured on different machines or Pythons ("
-                         + "; ".join(found) + "): their numbers are not comparable; pass "
-                         "--allow-machine-change to compare them anyway")
-        diffs += [d for d in found if d not in diffs]
+    try:
+        diffs = gate.check_facts([(b.name, b.machine) for b in bases], new.machine, args.allow_machine_change,
+                                 "pass --allow-machine-change to compare them anyway")
+    except gate.MachineChanged as exc:
+        return _fail(f"{exc} (new run: {new.name})")
     result = gate.compare_runs([b.benchmarks for b in bases], new.benchmarks, rules, alpha)
     names = ", ".join(f"`{b.name}`" for b in bases[:5]) + (" …" if len(bases) > 5 else "")
-    context = [f"Baseline {names} ({len(bases)} run{'s' if len(bases) > 1 else ''}, commit {bases[-1].commit}), "
-               f"new `{new.name}` (commit {new.commit}); fail-on `{expr}`."]
-    if diffs:
-        context.append("Machine facts differ (compared anyway): " + "; ".join(diffs))
-    text = gate.markdown(result, context=context)
+    baseline = (f"{names} ({len(bases)} run{'s' if len(bases) > 1 else ''}, commit {bases[-1].commit}), "
+                f"new `{new.name}` (commit {new.commit})")
+    text = gate.markdown(result, context=gate.context_lines(baseline, expr, diffs))
     sys.stdout.write(text + "\n")
     if args.markdown:
-        try:
-            with open(args.markdown, "a", encoding="utf8") as fh:
-                fh.write(text + "\n")
-        except OSError as exc:
-            print(f"pyconcbench: cannot write --markdown {args.markdown}: {exc.strerror or exc}", file=sys.stderr)
+        problem = gate.append_markdown(args.markdown, text)
+        if problem:
+            print(f"pyconcbench: cannot write --markdown {args.markdown}: {problem}", file=sys.stderr)
     for ch in result.regressions:
         print(f"REGRESSION {ch.line()}", file=sys.stderr)
     if not result.changes:

@@ -353,6 +353,44 @@ def fact_differences(base_machine: Dict[str, Any], new_machine: Dict[str, Any]) 
     return out
 
 
+class MachineChanged(ValueError):
+    """A baseline measured on another machine or Python: its numbers are not comparable."""
+
+
+def check_facts(bases: Sequence[Tuple[str, Dict[str, Any]]], new_machine: Dict[str, Any], allow: bool,
+                allow_hint: str) -> List[str]:
+    """The machine facts that differ between the baselines (name, machine_info) and the new
+    run's machine_info, each once; MachineChanged (one line, ending with ``allow_hint``) when
+    any differ and ``allow`` is false.  Used by `pyconcbench compare` and the pytest gate alike."""
+    diffs: List[str] = []
+    for name, machine in bases:
+        found = fact_differences(machine, new_machine)
+        if found and not allow:
+            raise MachineChanged(f"{name} was measured on a different machine or Python ("
+                                 + "; ".join(found) + f"): its numbers are not comparable; {allow_hint}")
+        diffs += [d for d in found if d not in diffs]
+    return diffs
+
+
+def context_lines(baseline: str, expr: str, diffs: Sequence[str], notes: Sequence[str] = ()) -> List[str]:
+    """The lines above the gate's Markdown table: what was compared with what, under which rules."""
+    lines = [f"Baseline {baseline}; fail-on `{expr}`."]
+    if diffs:
+        lines.append("Machine facts differ (compared anyway): " + "; ".join(diffs))
+    return lines + [n for n in notes if n]
+
+
+def append_markdown(path: str, text: str) -> Optional[str]:
+    """Appends the gate's Markdown to ``path`` (e.g. $GITHUB_STEP_SUMMARY); why it cannot, in a
+    few words, else None."""
+    try:
+        with open(path, "a", encoding="utf8") as fh:
+            fh.write(text + "\n")
+    except OSError as exc:
+        return str(exc.strerror or exc)
+    return None
+
+
 # ---- the summary ------------------------------------------------------------------------
 
 STATUS_ORDER = ("regression", "untested", "noisy", "within noise", "improved", "unchanged", "not gated",

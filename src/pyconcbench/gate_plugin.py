@@ -1,4 +1,10 @@
-"""TEMPORARY copy until the metrics branch merges (its gate_plugin.py replaces this)."""
+"""The regression gate inside pytest: ``GatePlugin``, registered by the plugin when
+``--pcb-fail-on`` is given, compares each benchmark as its test finishes with the same test in
+``--benchmark-compare``'s baseline and turns a regression into a failure of that test, one line
+per regressed metric; and the hooks of the ``pcb_fail_on`` marker (checked at collection, its
+expression saved with the results so ``pyconcbench compare`` honours it too).  The machine-fact
+check, the context lines and the Markdown are ``gate``'s, shared with ``pyconcbench compare``.
+"""
 from __future__ import annotations
 
 import json
@@ -21,6 +27,29 @@ def marker_fail_on(item: pytest.Item) -> Optional[str]:
     return marker.args[0]
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    report = yield
+    if report.when == "call":
+        # the test's own gate thresholds travel with its results, for `pyconcbench compare`
+        text = marker_fail_on(item)
+        bench = getattr(item, "funcargs", {}).get("benchmark")
+        if text and bench is not None:
+            bench.extra_info["pcb_fail_on"] = text
+    return report
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: List[pytest.Item]) -> None:
+    for item in items:
+        text = marker_fail_on(item)
+        if text is None:
+            continue
+        try:
+            gate.parse_fail_on(text)
+        except gate.GateSpecError as exc:
+            raise pytest.UsageError(f"{item.nodeid}: pcb_fail_on marker: {exc}") from None
+
+
 class GatePlugin:
     """Registered when --pcb-fail-on is given: compares each benchmark, as its test finishes,
     with the same test in --benchmark-compare's baseline, and turns a regression into a
@@ -35,7 +64,8 @@ class GatePlugin:
         self.baseline: Dict[str, List[Dict[str, Any]]] = {}
         self.baseline_name = ""
         self.problem = ""
-        self.facts_note = ""
+        self.notes: List[str] = []  # said above the gate's table
+        self.diffs: List[str] = []  # machine facts that differ from the baseline's (gated anyway)
         source = settings.sources.get("fail-on", "--pcb-fail-on")
         if not config.getoption("benchmark_compare", None):
             raise pytest.UsageError(f"{source}: the gate needs a baseline: add --benchmark-compare (the "
@@ -67,6 +97,7 @@ class GatePlugin:
         names = [str(p) for p in mapping]
         self.baseline_name = names[0] if len(names) == 1 else f"{len(names)} runs ({names[0]} .. {names[-1]})"
         here = {"pyconcbench": machine.machine_facts()}
+        facts = []
         for path in mapping:
             data = None
             for candidate in (Path(str(path)), Path(str(getattr(bs, "storage", ""))) / path):
@@ -76,17 +107,15 @@ class GatePlugin:
                 except (OSError, ValueError):
                     continue
             if data is None:
-                self.facts_note = (f"the machine facts of the baseline {path} could not be read: "
-                                   "not checked against this machine")
+                self.notes.append(f"the machine facts of the baseline {path} could not be read: "
+                                  "not checked against this machine")
                 continue
-            diffs = gate.fact_differences(data.get("machine_info", {}), here)
-            if diffs and not settings.allow_machine_change:
-                raise pytest.UsageError(
-                    f"{self.source}: the baseline {path} was measured on a different machine or Python ("
-                    + "; ".join(diffs) + "): its numbers are not comparable; pass --pcb-allow-machine-change "
-                    "yes to gate anyway")
-            if diffs:
-                self.facts_note = "machine facts differ from the baseline's (gated anyway): " + "; ".join(diffs)
+            facts.append((f"the baseline {path}", data.get("machine_info", {})))
+        try:
+            self.diffs = gate.check_facts(facts, here, settings.allow_machine_change,
+                                          "pass --pcb-allow-machine-change yes to gate anyway")
+        except gate.MachineChanged as exc:
+            raise pytest.UsageError(f"{self.source}: {exc}") from None
 
     @staticmethod
     def bench_dict(bench: Any) -> Optional[Dict[str, Any]]:
@@ -130,19 +159,14 @@ class GatePlugin:
         tr.write_line(f"baseline {self.baseline_name}; fail-on {self.settings.fail_on}; alpha "
                       f"{self.settings.fail_alpha:g}; " + (", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
                                                           or "no gated metric in the tests that ran"))
-        if self.facts_note:
-            tr.write_line(self.facts_note)
+        context = gate.context_lines(f"`{self.baseline_name}`", self.settings.fail_on, self.diffs, self.notes)
+        for line in context[1:]:
+            tr.write_line(line)
         for c in res.changes:
             if c.status in ("regression", "within noise", "improved", "noisy", "untested"):
                 tr.write_line(f"{c.status.upper():>12}  {c.test} {c.metric} {gate.fmt_change(c.change)} "
                               f"(p={'-' if c.p_value is None else format(c.p_value, '.3g')})")
         if self.settings.gate_markdown:
-            context = [f"Baseline `{self.baseline_name}`; fail-on `{self.settings.fail_on}`."]
-            if self.facts_note:
-                context.append(self.facts_note)
-            try:
-                with open(self.settings.gate_markdown, "a", encoding="utf8") as fh:
-                    fh.write(gate.markdown(res, context=context) + "\n")
-                tr.write_line(f"gate summary appended to {self.settings.gate_markdown}")
-            except OSError as exc:
-                tr.write_line(f"pyconcbench gate: cannot write {self.settings.gate_markdown}: {exc.strerror}")
+            problem = gate.append_markdown(self.settings.gate_markdown, gate.markdown(res, context=context))
+            tr.write_line(f"pyconcbench gate: cannot write {self.settings.gate_markdown}: {problem}" if problem
+                          else f"gate summary appended to {self.settings.gate_markdown}")

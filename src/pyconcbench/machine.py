@@ -10,9 +10,7 @@ import os
 import platform
 import resource
 import sys
-import time
-from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Optional
 
 #: Packages whose versions matter to the numbers (distribution names).
 LIBRARIES = ("pytest", "pytest-benchmark", "uvloop", "gevent", "greenlet", "tornado", "twisted",

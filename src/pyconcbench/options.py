@@ -14,7 +14,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from . import gate, harness, loadgen, servers
+from . import gate
+
+# The workload-side modules (loadgen, servers, harness) are imported where a parser needs them,
+# so that the `pyconcbench` command (report, compare) reads its options without loading them.
 
 
 class OptionError(ValueError):
@@ -27,6 +30,7 @@ SIZE_UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1024, "kib": 1024, "m": 1 << 20, "
 
 def parse_sizes(text: str) -> Tuple[int, ...]:
     """'64,1KiB,100k' -> (64, 1024, 102400); each 1 B .. 1 MiB."""
+    from . import loadgen
     out = []
     for part in _items(text):
         m = re.fullmatch(r"(\d+)\s*([a-zA-Z]*)", part)
@@ -41,6 +45,7 @@ def parse_sizes(text: str) -> Tuple[int, ...]:
 
 def parse_counts(text: str) -> Tuple[int, ...]:
     """'10,100,1k,max' -> connection counts; 'max' is the most the fd limit allows."""
+    from . import loadgen
     out = []
     for part in _items(text):
         if part.lower() == "max":
@@ -57,6 +62,7 @@ def parse_counts(text: str) -> Tuple[int, ...]:
 
 
 def parse_impls(text: str) -> Tuple[str, ...]:
+    from . import servers
     out = []
     for part in _items(text):
         if part == "all":
@@ -110,6 +116,7 @@ def parse_seconds(text: str) -> float:
 
 
 def parse_mallocs(text: str) -> Tuple[str, ...]:
+    from . import harness
     out = _items(text)
     for part in out:
         if part == "default":
@@ -213,6 +220,7 @@ def _profile_quick() -> Profile:
 
 
 def _profile_full() -> Profile:
+    from . import loadgen
     counts = [10, 32, 100, 316, 1000, 3000, 10000]
     top = loadgen.max_connections()
     counts = [c for c in counts if c <= top]
@@ -324,6 +332,7 @@ def parse_option(name: str, raw: Optional[str], source: str) -> Any:
 def resolve(raw: Callable[[str], Tuple[Optional[str], str]]) -> Settings:
     """The run's settings; ``raw(name)`` gives each option's text and where it came from
     ((None, "default") when not given)."""
+    from . import harness, loadgen
     values: Dict[str, Any] = {}
     sources: Dict[str, str] = {}
     for name in OPTIONS:

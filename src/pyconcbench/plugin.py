@@ -19,10 +19,9 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import pytest
 
-from . import echo, gate, harness, instruments, loadgen, machine, metrics, micro, options, rounds
+from . import echo, gate_plugin, harness, instruments, loadgen, machine, micro, options, rounds
 from . import zmq as pcbzmq
 from .echo import EchoCase, EchoOutcome, EchoRunner
-from .gate_plugin import GatePlugin, marker_fail_on
 from .report.switch_tables import table as switch_table
 from .options import Settings
 from .report.echo_tables import ceiling_table, echo_table, syscall_table
@@ -78,8 +77,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[RESULTS_KEY] = []
     config.stash[CEILING_KEY] = []
     config.stash[SWITCH_KEY] = []
+    config.pluginmanager.register(gate_plugin, "pyconcbench-gate-markers")  # the pcb_fail_on marker's hooks
     if settings.fail_on:
-        config.pluginmanager.register(GatePlugin(config, settings), GatePlugin.NAME)
+        config.pluginmanager.register(gate_plugin.GatePlugin(config, settings), gate_plugin.GatePlugin.NAME)
 
 
 def pytest_report_header(config: pytest.Config) -> List[str]:
@@ -315,31 +315,14 @@ def switch_bench(request: pytest.FixtureRequest, benchmark: Any, switch_case: An
     return run
 
 
-# ---- reports and the gate's markers -----------------------------------------------------------
+# ---- reports -----------------------------------------------------------------------------------
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     report = yield
     if report.when == "call" and report.failed:
         item.stash[CALL_FAILED_KEY] = True
-    if report.when == "call":
-        # the test's own gate thresholds travel with its results, for `pyconcbench compare`
-        text = marker_fail_on(item)
-        bench = getattr(item, "funcargs", {}).get("benchmark")
-        if text and bench is not None:
-            bench.extra_info["pcb_fail_on"] = text
     return report
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: List[pytest.Item]) -> None:
-    for item in items:
-        text = marker_fail_on(item)
-        if text is None:
-            continue
-        try:
-            gate.parse_fail_on(text)
-        except gate.GateSpecError as exc:
-            raise pytest.UsageError(f"{item.nodeid}: pcb_fail_on marker: {exc}") from None
 
 
 def pytest_benchmark_update_machine_info(config: pytest.Config, machine_info: Dict[str, Any]) -> None:

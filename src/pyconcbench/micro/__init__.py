@@ -40,7 +40,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from .. import instruments, metrics, rounds
+from .. import instruments, metrics
+from .. import rounds as round_engine
 from ..stats import fit_line  # noqa: F401  (re-exported: micro.fit_line)
 from ..broken import Broken
 from . import workloads
@@ -497,7 +498,7 @@ class Runner:
         """One measured round (what pytest-benchmark times, by its own clock: the whole round).
         A solo case's round in which the measuring thread waited for its CPU (another process
         took it) is measured again, up to NOISE_RETRIES times."""
-        outcome = rounds.measure_round(self._measure, NOISE_RETRIES, clock=None)
+        outcome = round_engine.measure_round(self._measure, NOISE_RETRIES, clock=None)
         sample, share = outcome.kept.value
         self.samples.append(sample)
         self.other_cpu.append(share)
