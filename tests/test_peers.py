@@ -329,7 +329,7 @@ def test_sigint_and_sighup_are_clean_stops_too(impl, signum):
             assert exchange(sock, b"ping") == b"ping"
             os.kill(server.pid, signum)
             # the signal alone must stop it: wait for that, so stop()'s SIGTERM cannot race it
-            server._proc.wait(timeout=10)
+            server._child.wait(10)
             usage = server.stop()
     assert usage.signal == signal.Signals(signum).name
     assert (usage.accepted, usage.bytes) == (1, 4)

@@ -139,7 +139,7 @@ def test_silent_server_ends_the_round_within_its_timeout(mode, inflight):
 
 
 EXIT_MESSAGES = {
-    "pyzmq_process": "the server process (pid *) exited with code 3",
+    "pyzmq_process": "the server process (pid *) exited with code 5",
     "pyzmq_thread": "the server thread has stopped",
     "zmq_asyncio": "the server task has ended",
     "aiozmq_core": "the server transport has closed",

@@ -11,21 +11,16 @@ import dataclasses
 import importlib.util
 import json
 import os
-import selectors
-import shutil
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import time
-import weakref
 from dataclasses import dataclass
-from typing import Callable, List, Optional, Tuple, Union
+from typing import List, Optional, Tuple, Union
 
-from pyconcbench import plain, servers
-from pyconcbench.serve import (EXIT_BROKEN, EXIT_MISSING, EXIT_UNUSABLE, Unusable,
-                               implementation_hook, loopback_address, set_parent_death_signal)
+from pyconcbench import plain, procs, servers
+from pyconcbench.serve import Unusable, implementation_hook, loopback_address
 
 STDERR_TAIL_LINES = 20
 
@@ -178,21 +173,6 @@ def prepare(impl: str) -> None:
         raise ServerBroken(broken)  # outside the except: no chained traceback
 
 
-def _reap(proc: subprocess.Popen, stderr, tmpdir: Optional[str]) -> None:
-    """Kills the server if it still runs and releases what it held; safe to call twice."""
-    if proc.poll() is None:
-        proc.kill()
-        try:
-            proc.wait(5.0)
-        except subprocess.TimeoutExpired:
-            pass
-    if proc.stdout is not None:
-        proc.stdout.close()
-    stderr.close()
-    if tmpdir is not None:
-        shutil.rmtree(tmpdir, ignore_errors=True)
-
-
 class ServerProcess:
     """One ``python -m pyconcbench.serve IMPL`` child process.
 
@@ -243,11 +223,8 @@ class ServerProcess:
             self.env.update(MALLOC_TUNED_ENV)
         self.python = python
         self.ready: Optional[dict] = None
-        self._proc: Optional[subprocess.Popen] = None
-        self._stderr = None
+        self._child: Optional[procs.Child] = None
         self._tmpdir: Optional[str] = None
-        self._stdout = b""  # bytes read from the server's stdout so far
-        self._finalizer = None
         self._stopped = False
         self._usage: Optional[ServerUsage] = None
         self._stop_error: Optional[ServerError] = None
@@ -255,7 +232,7 @@ class ServerProcess:
         self.preflight_connections = 0  # made by preflight(), left out of the usage counts
 
     def __repr__(self) -> str:
-        pid = self._proc.pid if self._proc is not None else None
+        pid = self._child.pid if self._child is not None else None
         return "<ServerProcess %s pid=%s %s>" % (
             self.impl, pid, self.address if self.ready is not None else "not ready")
 
@@ -276,7 +253,7 @@ class ServerProcess:
         its READY line; raises ServerError (killing the process) if it exits or stays silent,
         ServerUnavailable if it is not available here (the only skip), ServerBroken if the
         project's own code for it does not import or build."""
-        if self._proc is not None:
+        if self._child is not None:
             raise ServerError("server %r already started" % self.impl)
         prepare(self.impl)
         if self.transport == "unix" and self.unix_path is None:
@@ -287,34 +264,26 @@ class ServerProcess:
             for name in MALLOC_TUNED_ENV:  # the state is --malloc's, not the caller's environment's
                 env.pop(name, None)
         env.update(self.env)
-        env["PCB_PARENT_PID"] = str(os.getpid())
-        env["PYTHONUNBUFFERED"] = "1"
-        self._stderr = tempfile.TemporaryFile()
+        self._child = procs.Child(self.argv(), env=env, cpu=self._exec_cpu(), tmpdir=self._tmpdir)
         try:
-            self._proc = subprocess.Popen(
-                self.argv(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                stderr=self._stderr, env=env, **self._popen_options(),
-            )
-        except OSError as exc:
-            self._stderr.close()
-            if self._tmpdir is not None:
-                shutil.rmtree(self._tmpdir, ignore_errors=True)
+            self._child.start()
+        except procs.ChildError as exc:
             raise ServerError("cannot start server %r: %s" % (self.impl, exc)) from None
-        self._finalizer = weakref.finalize(self, _reap, self._proc, self._stderr, self._tmpdir)
         try:
             self.ready = self._wait_ready()
             if self.malloc != "pristine":
                 self.preflight()
         except BaseException as exc:
-            self._finalizer()
+            self._child.close()
             self._stopped = True
             self._stop_error = exc if isinstance(exc, ServerError) else ServerError(
                 "server %r did not start: %r" % (self.impl, exc))
             raise
         return self
 
-    def _popen_options(self) -> dict:
-        return {}
+    def _exec_cpu(self) -> Optional[int]:
+        """The CPU to pin to before exec: none, serve pins itself (--cpu) and says why it cannot."""
+        return None
 
     def preflight(self, connections: int = PREFLIGHT_CONNECTIONS) -> None:
         """``connections`` clients, one after the other, each connect, send one 64-byte message,
@@ -346,31 +315,25 @@ class ServerProcess:
             self.preflight_connections += 1
 
     def _wait_ready(self) -> dict:
-        deadline = time.monotonic() + self.ready_timeout
-        fd = self._proc.stdout.fileno()
-        with selectors.DefaultSelector() as sel:
-            sel.register(fd, selectors.EVENT_READ)
-            while b"\n" not in self._stdout:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    self._proc.kill()
-                    self._proc.wait()
-                    raise ServerError(self._with_stderr(
-                        "server %r did not print READY within %g s" % (self.impl, self.ready_timeout)
-                    ))
-                if not sel.select(left):
-                    continue
-                chunk = os.read(fd, 65536)
-                if not chunk:
-                    self._raise_exited_before_ready()
-                self._stdout += chunk
-        line, _, self._stdout = self._stdout.partition(b"\n")
+        try:
+            line = self._child.read_line(self.ready_timeout)
+        except TimeoutError:
+            self._child.close()
+            raise ServerError(self._with_stderr(
+                "server %r did not print READY within %g s" % (self.impl, self.ready_timeout)
+            )) from None
+        if line is None:
+            self._raise_exited_before_ready()
         return self._parse_ready(line)
+
+    def _exit_code_before_ready(self) -> Optional[int]:
+        code = self._child.wait(self.stop_timeout)
+        self._child.close()  # closed its stdout but lived on: killed
+        return code if code is not None else self._child.returncode
 
     def _parse_ready(self, line: bytes) -> dict:
         if not line.startswith(b"READY "):
-            self._proc.kill()
-            self._proc.wait()
+            self._child.close()
             raise ServerError(self._with_stderr(
                 "server %r printed %r instead of READY" % (self.impl, line[:200])
             ))
@@ -379,26 +342,21 @@ class ServerProcess:
         except ValueError:
             ready = None
         if not isinstance(ready, dict):
-            self._proc.kill()
-            self._proc.wait()
+            self._child.close()
             raise ServerError(self._with_stderr(
                 "server %r printed an unreadable READY line: %r" % (self.impl, line[:200])
             ))
         return ready
 
     def _raise_exited_before_ready(self) -> None:
-        try:
-            code = self._proc.wait(self.stop_timeout)
-        except subprocess.TimeoutExpired:  # closed its stdout but lives on
-            self._proc.kill()
-            code = self._proc.wait()
+        code = self._exit_code_before_ready()
         lines = self.stderr_text().strip().splitlines()
         line = lines[-1] if lines else "(stderr empty)"
-        if code == EXIT_MISSING:
+        if code == procs.EXIT_MISSING:
             raise ServerUnavailable(line)
-        if code == EXIT_BROKEN:
+        if code == procs.EXIT_BROKEN:
             raise ServerBroken(line)
-        if code == EXIT_UNUSABLE:  # the harness asked for what cannot be: a failure
+        if code == procs.EXIT_UNUSABLE:  # the harness asked for what cannot be: a failure
             raise ServerError("server %r cannot run as asked (exit code %d): %s" % (self.impl, code, line))
         raise ServerError(self._with_stderr(
             "server %r exited with code %s before READY" % (self.impl, code)
@@ -407,7 +365,7 @@ class ServerProcess:
     def stop(self) -> ServerUsage:
         """SIGTERM, then SIGKILL after stop_timeout; returns the server's usage report.
         Idempotent: later calls return the same report (or raise the same error)."""
-        if self._proc is None:
+        if self._child is None:
             raise ServerError("server %r was never started" % self.impl)
         if not self._stopped:
             self._stopped = True
@@ -416,34 +374,21 @@ class ServerProcess:
             except ServerError as exc:
                 self._stop_error = exc
             finally:
-                self._stderr_text = self.stderr_text()
-                self._finalizer()
+                self._child.close()
         if self._stop_error is not None:
             raise self._stop_error
         return self._usage
 
     def _stop(self) -> ServerUsage:
-        killed = False
-        if self._proc.poll() is None:
-            self._proc.send_signal(signal.SIGTERM)
-        try:
-            out, _ = self._proc.communicate(timeout=self.stop_timeout)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            killed = True
-            try:
-                out, _ = self._proc.communicate(timeout=self.stop_timeout)
-            except subprocess.TimeoutExpired:  # a grandchild holds the pipe open
-                out = b""
-        self._stdout += out or b""
-        code = self._proc.returncode
-        if killed:
+        code = self._child.stop(self.stop_timeout)
+        if self._child.killed:
             raise ServerError(self._with_stderr(
                 "server %r ignored SIGTERM for %g s and was killed (SIGKILL)"
                 % (self.impl, self.stop_timeout)
             ))
         if code != 0:
             raise ServerError(self._with_stderr("server %r exited with code %s" % (self.impl, code)))
+        self._stdout = self._child.out
         lines = self._stdout.decode("utf-8", "replace").strip().splitlines()
         try:
             report = json.loads(lines[-1])
@@ -460,12 +405,12 @@ class ServerProcess:
             )) from None
 
     def __enter__(self) -> "ServerProcess":
-        if self._proc is None:
+        if self._child is None:
             self.start()
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if self._proc is None or self._stopped:
+        if self._child is None or self._stopped:
             return
         try:
             self.stop()
@@ -477,9 +422,9 @@ class ServerProcess:
 
     @property
     def pid(self) -> int:
-        if self._proc is None:
+        if self._child is None:
             raise ServerError("server %r was never started" % self.impl)
-        return self._proc.pid
+        return self._child.pid
 
     @property
     def measured_pid(self) -> int:
@@ -500,12 +445,12 @@ class ServerProcess:
         return (self.ready["host"], self.ready["port"])
 
     def check_alive(self) -> None:
-        if self._proc is None:
+        if self._child is None:
             raise ServerError("server %r was never started" % self.impl)
-        code = self._proc.poll()
+        code = self._child.poll()
         if code is not None:
             raise ServerError(self._with_stderr(
-                "server %r (pid %d) exited with code %s" % (self.impl, self._proc.pid, code)
+                "server %r (pid %d) exited with code %s" % (self.impl, self._child.pid, code)
             ))
 
     def cpu_times(self) -> Tuple[float, float]:
@@ -527,12 +472,7 @@ class ServerProcess:
 
     def stderr_text(self) -> str:
         """Everything the server wrote to stderr so far."""
-        if self._stderr_text is not None:
-            return self._stderr_text
-        if self._stderr is None or self._stderr.closed:
-            return ""
-        self._stderr.seek(0)
-        return self._stderr.read().decode("utf-8", "replace")
+        return self._child.stderr_text() if self._child is not None else ""
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -558,18 +498,6 @@ class ServerProcess:
         if not tail:
             return message + " (stderr empty)"
         return message + "; stderr:\n" + "\n".join("    " + line for line in tail)
-
-
-def _pin_and_arm(cpu: Optional[int]) -> Callable[[], None]:
-    """A preexec_fn: pin the child (every thread it will start inherits it) and ask for
-    SIGTERM on the parent's death, before the plain server's own code runs."""
-
-    def preexec() -> None:
-        if cpu is not None:
-            os.sched_setaffinity(0, {cpu})
-        set_parent_death_signal(signal.SIGTERM)
-
-    return preexec
 
 
 class PlainServer(ServerProcess):
@@ -604,52 +532,40 @@ class PlainServer(ServerProcess):
         super().start()
         return self
 
-    def _popen_options(self) -> dict:
-        return {"preexec_fn": _pin_and_arm(self.cpu)}
+    def _exec_cpu(self) -> Optional[int]:
+        return self.cpu  # pinned before its own code runs: it is a plain script, no --cpu
 
     def _raise_exited_before_ready(self) -> None:
         # serve's exit codes mean nothing here: any exit before READY of a script of ours is a failure
-        try:
-            code = self._proc.wait(self.stop_timeout)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            code = self._proc.wait()
+        code = self._exit_code_before_ready()
         raise ServerError(self._with_stderr("server %r exited with code %s before READY" % (self.impl, code)))
 
     def _parse_ready(self, line: bytes) -> dict:
         text = line.decode("utf-8", "replace").strip()
         if not text.startswith("serving on "):
-            self._proc.kill()
-            self._proc.wait()
+            self._child.close()
             raise ServerError(self._with_stderr(
                 "plain server %r printed %r instead of 'serving on ADDRESS'" % (self.impl, text[:200])))
         where = text[len("serving on "):].strip()
-        ready = {"impl": self.impl, "transport": self.transport, "pid": self._proc.pid,
+        ready = {"impl": self.impl, "transport": self.transport, "pid": self._child.pid,
                  "host": None, "port": None, "path": None}
         if self.transport == "unix":
             ready["path"] = where
         else:
             host, _, port = where.rpartition(":")
             if not port.isdigit():
-                self._proc.kill()
-                self._proc.wait()
+                self._child.close()
                 raise ServerError(self._with_stderr(
                     "plain server %r announced an unreadable address: %r" % (self.impl, where)))
             ready["host"], ready["port"] = host.strip("[]"), int(port)
         return ready
 
     def _stop(self) -> None:  # type: ignore[override]
-        if self._proc.poll() is None:
-            self._proc.send_signal(signal.SIGTERM)
-        try:
-            self._proc.communicate(timeout=self.stop_timeout)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._proc.communicate()
+        code = self._child.stop(self.stop_timeout)
+        if self._child.killed:
             raise ServerError(self._with_stderr(
                 "plain server %r ignored SIGTERM for %g s and was killed (SIGKILL)"
                 % (self.impl, self.stop_timeout)))
-        code = self._proc.returncode
         if code not in (0, -signal.SIGTERM):
             raise ServerError(self._with_stderr("plain server %r exited with code %s" % (self.impl, code)))
         return None

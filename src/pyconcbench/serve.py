@@ -37,13 +37,9 @@ import stat
 import sys
 
 from pyconcbench import servers
+from pyconcbench.procs import EXIT_BROKEN, EXIT_FAILED, EXIT_MISSING, EXIT_UNUSABLE, arm_parent_death
 
 PROG = "pyconcbench.serve"
-EXIT_FAILED = 1
-EXIT_UNUSABLE = 2  # cannot run as asked
-EXIT_MISSING = 3  # not available here: a skip
-EXIT_BROKEN = 4  # our own code does not import or build: a failure
-PR_SET_PDEATHSIG = 1
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 #: The block ``allocator_probe`` allocates: what ``sock.recv(256 KiB)`` asks malloc for (a bytes
 #: object of 256 KiB plus its header), as an asyncio transport does for every read.
@@ -115,16 +111,6 @@ def loopback_address(host: str) -> str:
     if not ip.is_loopback:
         raise Unusable("refusing host %r: not a loopback address (127.0.0.0/8, ::1)" % host)
     return address
-
-
-def set_parent_death_signal(signum: int) -> None:
-    """Asks the kernel to send ``signum`` when the parent dies (Linux; a no-op elsewhere).
-    The kernel ties this to the parent *thread* that forked us, not the whole process."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signum)
-    except (OSError, AttributeError):
-        pass
 
 
 def pin(cpu: int) -> None:
@@ -286,9 +272,7 @@ def main(argv=None) -> int:
     if args.unix is not None and (args.host is not None or args.port is not None):
         parser.error("--unix cannot be combined with --host or --port")
 
-    set_parent_death_signal(signal.SIGTERM)
-    parent = os.environ.get("PCB_PARENT_PID")
-    if parent and parent.isdigit() and os.getppid() != int(parent):
+    if not arm_parent_death(signal.SIGTERM):
         return EXIT_FAILED  # the parent died before the death signal was armed
 
     try:

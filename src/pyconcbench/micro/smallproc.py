@@ -25,21 +25,16 @@ it (``PR_SET_PDEATHSIG``), and any failure is a RuntimeError of one line.
 """
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import signal
-import subprocess
 import sys
 from typing import Any, Dict, List, Optional
 
-from .. import _native
+from .. import _native, procs
 
 #: Seconds one helper run may take before it is killed.
 RUN_TIMEOUT = 120.0
-#: After SIGKILL, how long to wait for the kernel to reap it.
-KILL_TIMEOUT = 5.0
-PR_SET_PDEATHSIG = 1
 PROGRAM = "pcb_forkloop"
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "forkloop.py")
 #: The integer fields every helper's report holds.
@@ -47,10 +42,6 @@ FIELDS = ("ops", "elapsed_ns", "empty_ns", "check", "waited_ns", "rss_kib", "vm_
           "pte_kib", "maps")
 KINDS = ("c", "python")
 
-try:
-    _prctl = ctypes.CDLL(None, use_errno=True).prctl
-except (OSError, AttributeError):  # not Linux: no parent-death signal
-    _prctl = None
 
 
 def program() -> str:
@@ -111,45 +102,23 @@ def run(kind: str, family: str, loops: int, cpu: Optional[int] = None,
         raise RuntimeError(why)
     argv = command(kind, family, loops)
     label = _label(argv)
-    parent = os.getpid()
-
-    def child_setup() -> None:  # in the child, between fork and exec
-        if _prctl is not None:
-            _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() != parent:  # the caller died before the death signal was armed
-            os._exit(1)
-        if cpu is not None:
-            os.sched_setaffinity(0, {cpu})
-
+    child = procs.Child(argv, cpu=cpu, death_signal=signal.SIGKILL)
     try:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, preexec_fn=child_setup)
-    except (OSError, subprocess.SubprocessError) as exc:
+        child.start()
+    except procs.ChildError as exc:
         raise RuntimeError(f"{label}: cannot start: {exc}") from None
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        raise RuntimeError(f"{label}: did not finish within {timeout:g} s (killed)") from None
-    finally:  # on a timeout, an error or an interrupt: never leave it running
-        if proc.poll() is None:
-            proc.kill()
-            try:
-                proc.wait(KILL_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                pass
-        for pipe in (proc.stdout, proc.stderr):
-            if pipe is not None:
-                pipe.close()
-    if proc.returncode != 0:
-        lines = [line.strip() for line in err.decode("utf-8", "replace").splitlines()]
+    try:  # on a timeout, an error or an interrupt: never leave it running
+        code = child.run_to_end(timeout)
+        err = child.stderr_text()
+    finally:
+        child.close()
+    if code is None:
+        raise RuntimeError(f"{label}: did not finish within {timeout:g} s (killed)")
+    out = child.out
+    if code != 0:
+        lines = [line.strip() for line in err.splitlines()]
         detail = "; ".join(line for line in lines[-3:] if line) or "no output"
-        if proc.returncode < 0:
-            try:
-                how = f"was killed by {signal.Signals(-proc.returncode).name}"
-            except ValueError:
-                how = f"was killed by signal {-proc.returncode}"
-        else:
-            how = f"exited with code {proc.returncode}"
+        how = f"was {procs.meaning(code)}" if code < 0 else f"exited with code {code}"
         raise RuntimeError(f"{label}: {how}: {detail}")
     try:
         report = json.loads(out.decode().strip().splitlines()[-1])

@@ -58,7 +58,7 @@ def usage():
 
 
 if __name__ == "__main__":
-    from pyconcbench.serve import EXIT_BROKEN, EXIT_MISSING
+    from pyconcbench.procs import EXIT_BROKEN, EXIT_MISSING
 
     try:
         print(build())

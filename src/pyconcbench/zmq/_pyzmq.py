@@ -16,27 +16,19 @@ see ``_placement``).
 from __future__ import annotations
 
 import json
-import os
-import selectors
-import subprocess
 import sys
-import tempfile
 import threading
-import time
-import weakref
 from typing import Any, Callable, Optional
 
 import zmq
 
+from .. import procs
 from ._common import FaultyEcho, Ledger, RoundError, Spec, bind, new_context
 
 #: How long a server (thread or process) may take to bind and announce itself.
 READY_TIMEOUT = 15.0
 #: How long a server (thread or process) may take to stop when asked.
 STOP_TIMEOUT = 5.0
-#: pyconcbench.zmq.server's exit codes.
-EXIT_UNUSABLE = 2
-EXIT_FAULT = 3
 
 
 def _socket(ctx: Any, kind: int) -> Any:
@@ -308,19 +300,6 @@ class Thread:
             self.ctx.term()
 
 
-def _reap(proc: subprocess.Popen, stderr: Any) -> None:
-    """Kills the server process if it still runs and releases its pipes; safe to call twice."""
-    if proc.poll() is None:
-        proc.kill()
-        try:
-            proc.wait(STOP_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            pass
-    if proc.stdout is not None:
-        proc.stdout.close()
-    stderr.close()
-
-
 class Process:
     """``pyzmq_process``: the ROUTER in a child process (``python -m pyconcbench.zmq.server``)
     pinned to ``spec.server_cpu`` (the client CPU under the ``1cpu`` placement); it dies with this process's thread that started it
@@ -330,13 +309,11 @@ class Process:
         self.spec = spec
         self.ctx: Any = None
         self.dealer: Any = None
-        self.proc: Optional[subprocess.Popen] = None
-        self._stderr: Any = None
-        self._finalizer: Any = None
+        self.child: Optional[procs.Child] = None
 
     @property
     def server_pid(self) -> Optional[int]:
-        return self.proc.pid if self.proc is not None else None
+        return self.child.pid if self.child is not None and self.child.proc is not None else None
 
     def argv(self) -> list:
         spec = self.spec
@@ -350,17 +327,11 @@ class Process:
         return argv
 
     def start(self) -> None:
-        env = dict(os.environ)
-        env["PCB_PARENT_PID"] = str(os.getpid())
-        env["PYTHONUNBUFFERED"] = "1"
-        self._stderr = tempfile.TemporaryFile()
+        self.child = procs.Child(self.argv())
         try:
-            self.proc = subprocess.Popen(self.argv(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                         stderr=self._stderr, env=env)
-        except OSError as exc:
-            self._stderr.close()
+            self.child.start()
+        except procs.ChildError as exc:
             raise RoundError("%s: cannot start the server process: %s" % (self.spec.mode, exc)) from None
-        self._finalizer = weakref.finalize(self, _reap, self.proc, self._stderr)
         try:
             endpoint = self._wait_ready()
             self.ctx = new_context(self.spec)
@@ -376,30 +347,20 @@ class Process:
             raise
 
     def _wait_ready(self) -> str:
-        assert self.proc is not None and self.proc.stdout is not None
-        deadline = time.monotonic() + READY_TIMEOUT
-        fd = self.proc.stdout.fileno()
-        out = b""
-        with selectors.DefaultSelector() as sel:
-            sel.register(fd, selectors.EVENT_READ)
-            while b"\n" not in out:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise RoundError("%s: the server process did not announce itself within %g s%s"
-                                     % (self.spec.mode, READY_TIMEOUT, self._stderr_tail()))
-                if not sel.select(left):
-                    continue
-                chunk = os.read(fd, 4096)
-                if not chunk:
-                    code = self.proc.wait(STOP_TIMEOUT)
-                    tail = self._stderr_tail()
-                    if code == EXIT_UNUSABLE:  # after the mode's check: our arguments or CPUs, a failure
-                        raise RoundError("%s: the server process cannot run as asked%s"
-                                         % (self.spec.mode, tail or " (stderr empty)"))
-                    raise RoundError("%s: the server process exited with code %s before it was ready%s"
-                                     % (self.spec.mode, code, tail))
-                out += chunk
-        line = out.split(b"\n", 1)[0]
+        assert self.child is not None
+        try:
+            line = self.child.read_line(READY_TIMEOUT)
+        except TimeoutError:
+            raise RoundError("%s: the server process did not announce itself within %g s%s"
+                             % (self.spec.mode, READY_TIMEOUT, self._stderr_tail())) from None
+        if line is None:
+            code = self.child.wait(STOP_TIMEOUT)
+            tail = self._stderr_tail()
+            if code == procs.EXIT_UNUSABLE:  # after the mode's check: our arguments or CPUs, a failure
+                raise RoundError("%s: the server process cannot run as asked%s"
+                                 % (self.spec.mode, tail or " (stderr empty)"))
+            raise RoundError("%s: the server process exited with code %s before it was ready%s"
+                             % (self.spec.mode, code, tail))
         try:
             ready = json.loads(line[len(b"READY "):]) if line.startswith(b"READY ") else None
         except ValueError:
@@ -411,17 +372,14 @@ class Process:
         return ready["endpoint"]
 
     def _stderr_tail(self) -> str:
-        if self._stderr is None or self._stderr.closed:
-            return ""
-        self._stderr.seek(0)
-        lines = self._stderr.read().decode("utf-8", "replace").strip().splitlines()
+        lines = self.child.stderr_tail(1) if self.child is not None else []
         return "; stderr: " + lines[-1] if lines else ""
 
     def problem(self) -> Optional[str]:
-        code = self.proc.poll() if self.proc is not None else None
+        code = self.child.poll() if self.child is not None and self.child.proc is not None else None
         if code is None:
             return None
-        return "the server process (pid %d) exited with code %s%s" % (self.proc.pid, code, self._stderr_tail())
+        return "the server process (pid %d) exited with code %s%s" % (self.child.pid, code, self._stderr_tail())
 
     def run(self, requests: int, ledger: Ledger) -> None:
         _window_client(self.dealer, ledger, requests, self.spec.inflight, self.problem)
@@ -431,13 +389,8 @@ class Process:
             _close(self.dealer)
             if self.ctx is not None and not self.ctx.closed:
                 self.ctx.term()
-            proc = self.proc
-            if proc is not None and proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(STOP_TIMEOUT)
-                except subprocess.TimeoutExpired:
-                    pass  # killed below
+            if self.child is not None and self.child.proc is not None:
+                self.child.stop(STOP_TIMEOUT)
         finally:
-            if self._finalizer is not None:
-                self._finalizer()
+            if self.child is not None:
+                self.child.close()

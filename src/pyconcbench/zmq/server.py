@@ -5,7 +5,7 @@ prints ``READY {json}`` with the endpoint, then echoes every request's frames ba
 SIGTERM, SIGINT, SIGHUP or the death of the thread that started it (PR_SET_PDEATHSIG).
 Exit codes: 0 stopped when asked, 1 failed, 2 cannot run as asked (bad arguments, CPU not
 allowed, missing pyzmq: the mode checked pyzmq before starting it, so the parent reports this as
-a failure, not a skip), 3 stopped by an ``exit`` fault (tests).
+a failure, not a skip), 5 stopped by an ``exit`` fault (tests); see pyconcbench.procs.
 """
 from __future__ import annotations
 
@@ -15,10 +15,9 @@ import os
 import signal
 import sys
 
+from pyconcbench.procs import EXIT_FAILED, EXIT_FAULT, EXIT_UNUSABLE, arm_parent_death
+
 PROG = "pyconcbench.zmq.server"
-EXIT_FAILED = 1
-EXIT_UNUSABLE = 2
-EXIT_FAULT = 3
 #: The receive timeout: how promptly a stop signal is noticed while idle.
 POLL_MS = 100
 
@@ -37,24 +36,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _arm_parent_death() -> bool:
-    """SIGTERM when the parent thread dies; False if the parent is already gone."""
-    try:
-        from pyconcbench import _native
-
-        _native.set_pdeathsig(signal.SIGTERM)
-    except (ImportError, OSError):
-        pass
-    parent = os.environ.get("PCB_PARENT_PID", "")
-    return not (parent.isdigit() and os.getppid() != int(parent))
-
-
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.transport == "ipc" and not args.ipc_dir:
         parser.error("--transport ipc needs --ipc-dir")
-    if not _arm_parent_death():
+    if not arm_parent_death(signal.SIGTERM):
         return EXIT_FAILED
 
     from pyconcbench.zmq._common import Fault, FaultyEcho, Spec, bind, new_context
