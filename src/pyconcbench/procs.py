@@ -282,8 +282,8 @@ class Child:
         """Reads its stdout until EOF and reaps it, for at most ``timeout`` s; True once reaped."""
         assert self.proc is not None and self.proc.stdout is not None
         deadline = time.monotonic() + timeout
-        fd = self.proc.stdout.fileno()
         if not self.proc.stdout.closed:
+            fd = self.proc.stdout.fileno()
             os.set_blocking(fd, False)
             with selectors.DefaultSelector() as sel:
                 sel.register(fd, selectors.EVENT_READ)

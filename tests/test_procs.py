@@ -1,0 +1,133 @@
+"""pyconcbench.procs: the one child-process helper every spawner of the suite uses."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from pyconcbench import procs
+
+PY = sys.executable
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_ready_line_and_clean_stop_with_its_last_words():
+    code = ("import signal, sys, time\n"
+            "signal.signal(signal.SIGTERM, lambda *a: (print('bye', flush=True), sys.exit(0)))\n"
+            "print('READY {\"x\": 1}', flush=True)\n"
+            "time.sleep(60)\n")
+    child = procs.Child([PY, "-c", code]).start()
+    assert child.read_line(10) == b'READY {"x": 1}'
+    assert child.poll() is None
+    assert child.stop(10) == 0 and not child.killed
+    assert child.out.strip() == b"bye"
+    assert child.rusage is not None  # reaped with wait4
+    assert child.stop(10) == 0  # idempotent
+
+
+def test_exit_before_ready_gives_none_its_code_and_stderr():
+    child = procs.Child([PY, "-c", "import sys; print('no luck', file=sys.stderr); sys.exit(3)"]).start()
+    try:
+        assert child.read_line(10) is None
+        assert child.wait(10) == procs.EXIT_MISSING
+        assert child.stderr_tail() == ["no luck"]
+        assert procs.meaning(child.returncode) == "not available here"
+    finally:
+        child.close()
+
+
+def test_silence_is_a_timeout_and_close_kills_and_reaps():
+    child = procs.Child([PY, "-c", "import time; time.sleep(60)"]).start()
+    started = time.monotonic()
+    with pytest.raises(TimeoutError):
+        child.read_line(0.3)
+    assert 0.25 < time.monotonic() - started < 5
+    pid = child.pid
+    child.close()
+    assert child.returncode == -signal.SIGKILL and not _alive(pid)
+
+
+def test_sigterm_ignored_means_sigkill_to_the_whole_group():
+    # the child ignores SIGTERM and starts a grandchild that ignores it too
+    code = ("import signal, subprocess, sys, time\n"
+            "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+            "g = subprocess.Popen([sys.executable, '-c', 'import signal, time; "
+            "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)'])\n"
+            "print(g.pid, flush=True)\n"
+            "time.sleep(60)\n")
+    child = procs.Child([PY, "-c", code]).start()
+    grandchild = int(child.read_line(10))
+    started = time.monotonic()
+    code = child.stop(0.5)
+    assert child.killed and code == -signal.SIGKILL
+    assert time.monotonic() - started < 10
+    deadline = time.monotonic() + 5
+    while _alive(grandchild) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not _alive(grandchild)  # the group got the SIGKILL, not only the child
+
+
+MIDDLE = """
+import sys, time
+from pyconcbench import procs
+child = procs.Child([sys.executable, "-c", "import time; time.sleep(60)"]).start()
+print(child.pid, flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_child_dies_with_its_parent():
+    middle = subprocess.Popen([PY, "-c", MIDDLE], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    try:
+        grandchild = int(middle.stdout.readline())
+        assert _alive(grandchild)
+        middle.kill()  # no clean-up of its own: only the parent-death signal can stop the child
+        middle.wait(10)
+        deadline = time.monotonic() + 5
+        while _alive(grandchild) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not _alive(grandchild)
+    finally:
+        middle.stdout.close()
+        if middle.poll() is None:
+            middle.kill()
+            middle.wait()
+
+
+def test_pinned_before_exec_and_run_to_end():
+    cpu = sorted(os.sched_getaffinity(0))[-1]
+    child = procs.Child([PY, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"], cpu=cpu).start()
+    try:
+        assert child.run_to_end(10) == 0
+        assert child.out.strip() == str([cpu]).encode()
+    finally:
+        child.close()
+
+
+def test_a_program_that_cannot_start_is_one_line():
+    with pytest.raises(procs.ChildError, match="cannot start /nonexistent/prog"):
+        procs.Child(["/nonexistent/prog"]).start()
+
+
+def test_the_parent_check_in_the_child():
+    env = dict(os.environ, **{procs.PARENT_ENV: str(os.getpid())})
+    code = "from pyconcbench import procs; import sys; sys.exit(0 if procs.arm_parent_death() else 1)"
+    assert subprocess.run([PY, "-c", code], env=env).returncode == 0
+    env[procs.PARENT_ENV] = "1"  # not our parent: the child must give up
+    assert subprocess.run([PY, "-c", code], env=env).returncode == 1
+
+
+@pytest.mark.parametrize("code, words", [(0, "ok"), (2, "cannot run as asked"), (4, "our own code is broken"),
+                                         (5, "stopped by an injected fault"), (-9, "killed by SIGKILL"),
+                                         (7, "exit code 7"), (None, "still running")])
+def test_exit_code_meanings(code, words):
+    assert procs.meaning(code) == words
