@@ -1,0 +1,222 @@
+"""The benchmark fixtures of the pytest plugin: each calls a pytest-free workload runner and
+turns what it raises into a skip (a package or tool missing here) or a one-line failure
+(everything else, our own code broken included).
+
+    echo_server, echo_bench          pyconcbench.harness + pyconcbench.echo.EchoRunner
+    ceiling_server, ceiling_bench    pyconcbench.echo.run_ceiling
+    zmq_bench                        pyconcbench.zmq.runner.Runner
+    switch_bench                     pyconcbench.micro.Runner
+
+Registered by ``pyconcbench.plugin`` (the ``pytest11`` entry point), which holds the hooks;
+the stash keys they share are here.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import pytest
+
+from . import echo, harness, instruments, loadgen, micro, options
+from . import zmq as pcbzmq
+from .echo import EchoCase, EchoOutcome, EchoRunner
+from .options import Settings
+
+SETTINGS_KEY = pytest.StashKey[Settings]()
+RESULTS_KEY = pytest.StashKey[List[Dict[str, Any]]]()
+CEILING_KEY = pytest.StashKey[List[Dict[str, Any]]]()
+SWITCH_KEY = pytest.StashKey[List[Dict[str, Any]]]()
+SERVER_REPORTED_KEY = pytest.StashKey[bool]()
+CALL_FAILED_KEY = pytest.StashKey[bool]()
+
+
+# ---- session fixtures -------------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def pcb_settings(pytestconfig: pytest.Config) -> Settings:
+    return pytestconfig.stash[SETTINGS_KEY]
+
+
+@pytest.fixture(scope="session")
+def pcb_speed_gauge(pcb_settings: Settings) -> Optional[instruments.SpeedGauge]:
+    """Times a fixed loop on the two pinned CPUs around each round: a round measured in one of
+    the host's slow spells is noisy (see instruments.SpeedGauge)."""
+    cpus = pcb_settings.cpus
+    return instruments.SpeedGauge(cpus).warm() if cpus else None
+
+
+@pytest.fixture(scope="session")
+def pcb_probe_baseline(pcb_settings: Settings) -> Optional[float]:
+    """The quiet machine's cache-line round trip between the two pinned CPUs (the lowest of
+    a few probes), the reference each round's probes are judged against."""
+    cpus = pcb_settings.cpus
+    if not cpus:
+        return None
+    return min(instruments.cacheline_rtt(cpus[0], cpus[1], 50000) for _ in range(3))
+
+
+@pytest.fixture(scope="session")
+def pcb_libuv_pipe() -> None:
+    """libuv opens one process-wide pipe (its signal lock) with the first uvloop loop and keeps
+    it: open it once, before any test's fd-leak check starts counting."""
+    try:
+        import uvloop
+    except Exception:  # not installed, or does not import on this Python: nothing to reserve
+        return
+    uvloop.new_event_loop().close()
+
+
+def _fail(message: str) -> None:
+    pytest.fail(message, pytrace=False)  # one line, no traceback
+
+
+def _call(fn: Callable[[], Any], skip: Tuple[type, ...], fail: Tuple[type, ...],
+          prefix: str = "", typed: bool = False) -> Any:
+    """fn(), with an exception in ``skip`` made a skip (a package or tool missing here) and one
+    in ``fail`` a failure (our own code broken included), each in one line: the pytest calls
+    sit outside the except blocks, so no chained traceback."""
+    skipped = failed = None
+    try:
+        return fn()
+    except skip as exc:
+        skipped = str(exc)
+    except fail as exc:
+        failed = f"{prefix}{type(exc).__name__}: {exc}" if typed else f"{prefix}{exc}"
+    if skipped is not None:
+        pytest.skip(skipped)
+    _fail(failed)
+
+
+# ---- echo -----------------------------------------------------------------------------------
+
+@pytest.fixture
+def echo_server(request: pytest.FixtureRequest, echo_case: EchoCase, pcb_settings: Settings):
+    """The server process under test for this case, pinned to the server CPU."""
+    _call(lambda: loadgen.ensure_fd_limit(echo_case.connections), (), (loadgen.FdLimitError,))
+    cpus = pcb_settings.cpus
+    kind = harness.PlainServer if echo_case.plain else harness.ServerProcess
+    # Thread-per-connection models take seconds to wind down 10k threads on one CPU.
+    server = kind(echo_case.impl, transport=echo_case.transport, cpu=cpus[0] if cpus else None,
+                  malloc=echo_case.malloc, stop_timeout=max(10.0, echo_case.connections / 500.0))
+    # not installed, not on PATH, not on this Python: a skip; ServerBroken (our own code): a failure
+    _call(server.start, (harness.ServerUnavailable,), (harness.ServerError,))
+    try:
+        yield server
+    finally:
+        failure = None
+        try:
+            server.stop()
+        except harness.ServerError as exc:
+            # once per test: not again when the test itself already failed on it
+            if not (request.node.stash.get(SERVER_REPORTED_KEY, False)
+                    or request.node.stash.get(CALL_FAILED_KEY, False)):
+                failure = f"{echo_case.id}: {exc}"
+        if failure is not None:
+            _fail(failure)
+
+
+@pytest.fixture
+def echo_bench(request: pytest.FixtureRequest, benchmark: Any, echo_case: EchoCase,
+               echo_server: harness.ServerProcess, pcb_settings: Settings,
+               pcb_probe_baseline: Optional[float],
+               pcb_speed_gauge: Optional[instruments.SpeedGauge]) -> Callable[[], EchoOutcome]:
+    """Call it to run the measured rounds; returns the EchoOutcome (also in extra_info)."""
+
+    def run() -> EchoOutcome:
+        if pcb_settings.syscalls and echo.syscall_tool() is None:
+            pytest.skip("--pcb-syscalls needs perf (linux-perf) or strace on PATH")
+        runner = EchoRunner(pcb_settings, echo_case, echo_server, pcb_probe_baseline, pcb_speed_gauge)
+        failure = None
+        try:
+            outcome = runner.run(benchmark)
+        except loadgen.LoadError as exc:
+            failure = f"{echo_case.id}: {exc}"
+            try:
+                echo_server.check_alive()
+            except harness.ServerError as died:
+                failure = f"{echo_case.id}: the server died during the load ({exc}): {died}"
+                request.node.stash[SERVER_REPORTED_KEY] = True
+        except harness.ServerError as exc:
+            failure = f"{echo_case.id}: {exc}"
+            request.node.stash[SERVER_REPORTED_KEY] = True
+        if failure is not None:
+            _fail(failure)  # outside the except blocks: no chained traceback
+        request.config.stash[RESULTS_KEY].append(outcome.extra)
+        return outcome
+
+    return run
+
+
+@pytest.fixture
+def ceiling_server(pcb_settings: Settings):
+    """native_epoll, the server the ceiling is measured against."""
+    cpus = pcb_settings.cpus
+    with harness.ServerProcess("native_epoll", cpu=cpus[0] if cpus else None) as server:
+        yield server
+
+
+@pytest.fixture
+def ceiling_bench(request: pytest.FixtureRequest, benchmark: Any, ceiling_connections: int,
+                  ceiling_server: harness.ServerProcess, pcb_settings: Settings) -> Callable[[], Dict[str, Any]]:
+    """Call it to measure the load generator's ceiling; returns the extra_info dict."""
+
+    def run() -> Dict[str, Any]:
+        extra = _call(lambda: echo.run_ceiling(pcb_settings, ceiling_server, ceiling_connections,
+                                               benchmark.pedantic),
+                      (), (loadgen.LoadError, harness.ServerError), f"loadgen_ceiling c{ceiling_connections}: ")
+        # pytest-benchmark keeps a reference to this very dict: update it, never rebind it.
+        benchmark.extra_info.update(extra)
+        request.config.stash[CEILING_KEY].append(dict(extra))
+        return benchmark.extra_info
+
+    return run
+
+
+# ---- ZeroMQ and switch ---------------------------------------------------------------------------
+
+@pytest.fixture
+def zmq_bench(benchmark: Any, zmq_case: Any, pcb_settings: Settings, pcb_probe_baseline: Optional[float],
+              pcb_speed_gauge: Optional[instruments.SpeedGauge], pcb_libuv_pipe: None) -> Callable[[], Dict[str, Any]]:
+    """Call it to run the case's measured rounds; returns the extra_info dict.  A mode whose
+    package is missing is a skip; one of our own modules that does not import, or a failed
+    round, a failure (pyconcbench.zmq)."""
+    from .zmq.runner import Runner
+
+    def run() -> Dict[str, Any]:
+        cpus = pcb_settings.cpus
+        if cpus is None and zmq_case.placement != pcbzmq.DEFAULT_PLACEMENT:
+            pytest.skip(f"pinning off (--pcb-cpus none): the {zmq_case.placement} placement needs two CPUs")
+        rounds_ = pcb_settings.rounds or options.PROFILES[pcb_settings.profile]().rounds
+        runner = Runner(zmq_case, requests=pcb_settings.messages or zmq_case.requests, rounds_=rounds_,
+                        retries=pcb_settings.noise_retries, timeout=pcb_settings.stall_timeout, cpus=cpus,
+                        probe_baseline=pcb_probe_baseline, speed=pcb_speed_gauge)
+        # a package not installed or not importable here: a skip; our own module broken: a failure
+        extra = _call(lambda: runner.run(benchmark.pedantic), (pcbzmq.Unavailable,),
+                      (pcbzmq.RoundError, pcbzmq.Broken), f"{zmq_case.id}: ")
+        benchmark.extra_info.update(extra)  # the very dict pytest-benchmark saves
+        return benchmark.extra_info
+
+    return run
+
+
+@pytest.fixture
+def switch_bench(request: pytest.FixtureRequest, benchmark: Any, switch_case: Any, pcb_settings: Settings,
+                 pcb_libuv_pipe: None) -> Callable[[], Dict[str, Any]]:
+    """Call it to measure the switch microbenchmark; returns the extra_info dict (a depth case
+    also carries the fit over every depth of its kind measured so far).  A missing module or
+    toolchain is a skip; Go baselines that do not build, or a failed workload, a failure."""
+
+    def run() -> Dict[str, Any]:
+        runner = micro.Runner(switch_case, pcb_settings.cpus)
+        # not installed, not on PATH, one CPU: a skip; the Go baselines do not build: a failure
+        _call(runner.check_available, (micro.Unavailable,), (micro.Broken,), f"{switch_case.id}: ")
+        extra = _call(lambda: runner.run(benchmark.pedantic), (),
+                      (micro.WorkloadError, OSError, RuntimeError), f"{switch_case.id}: ", typed=True)
+        info = benchmark.extra_info  # the very dict pytest-benchmark saves
+        info.update(extra)
+        rows = request.config.stash[SWITCH_KEY]
+        rows.append(info)
+        if switch_case.depth is not None:
+            micro.attach_depth_fit(switch_case, rows)
+        return info
+
+    return run
