@@ -4,6 +4,10 @@ A server never outlives its test: ``ServerProcess`` stops it on exit from its ``
 a finalizer kills it when the object is collected or the interpreter exits, and the server asks
 the kernel for SIGTERM on its parent's death.  That last one follows the parent *thread* that
 started it, so start servers from a thread that lives as long as they should.
+
+Size: the server under test's whole life (allocator states, pinning plan, pre-flight
+connections, usage report, the plain reference servers' variant) in one place; spawning,
+stopping and reaping are ``pyconcbench.procs``'.
 """
 from __future__ import annotations
 

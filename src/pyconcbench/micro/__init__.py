@@ -27,6 +27,10 @@ fork copies the forking process's page tables, so its cost grows with that proce
 compared with the study, while ``*-fork_waitpid-small_c`` / ``-small_py`` fork from a small
 helper process started for each round (``smallproc``: a tiny C program, the study's setting,
 or a fresh ``python -I -S``), whose resident size goes into extra_info beside the figure.
+
+Size: the catalogue of cases (Python, C, Go, with the study's parameters) and ``Runner``; the
+round loop is ``pyconcbench.rounds``', the /proc readers ``pyconcbench.instruments``', the
+study's figures ``micro.study``, the tables ``report.switch_tables``.
 """
 from __future__ import annotations
 

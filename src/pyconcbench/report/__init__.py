@@ -3,6 +3,10 @@ the plots inline, and the cross-Python table.
 
 Every table is a ``Table`` (title, column heads, rows of strings, a note saying exactly what
 the cells are), rendered to Markdown or HTML from the same values.
+
+Size: one renderer per family (echo, ceiling, switch, ZeroMQ, by-Python) over the one ``Table``
+type, kept together so every table is rendered the same way; the data it reads comes from
+``report.results`` and ``metrics``, the plots from ``report.plots``.
 """
 from __future__ import annotations
 

@@ -42,6 +42,10 @@ each reply arrives.  k = 1 is the study's loop everywhere.
 
 This package never imports pyzmq or aiozmq at import time: the modes load them on first use.
 Inside it ``import zmq`` is absolute and means pyzmq.
+
+Size: the mode catalogue, ``Case``, ``RoundResult``/``summarize`` and ``Session`` (open, place
+the threads, warm up, rounds, close) belong together; the workloads themselves are in
+``_pyzmq``/``_asyncio``/``_aiozmq*``, the runner in ``zmq.runner``, placement in ``_placement``.
 """
 from __future__ import annotations
 
