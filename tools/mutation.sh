@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Mutation check (mutmut) of the numbers the suite reports: src/pyconcbench/stats.py, the
 # histogram merge (loadgen.merge_percentiles), fairness (loadgen.fairness) and the noise judge
-# (plugin.noise_reason), against the tests that pin them.  Runs in a scratch copy, so the work
+# (rounds.noise_reason), against the tests that pin them.  Runs in a scratch copy, so the work
 # tree is never touched; not part of `make test`.  CPU-heavy: run at low priority.
 #
 #   tools/mutation.sh                      # every mutant of those functions; prints the survivors
@@ -22,7 +22,7 @@ fi
 TESTS=${TESTS:-"tests/test_properties.py tests/test_hist.py tests/test_gate.py tests/test_plugin_units.py tests/test_report.py
 tests/test_loadgen.py::test_fairness_figures"}
 MUTANTS=${MUTANTS:-"pyconcbench.stats.* pyconcbench.loadgen.x_merge_percentiles__* pyconcbench.loadgen.x_fairness__*
-pyconcbench.plugin.x_noise_reason__*"}
+pyconcbench.rounds.x_noise_reason__*"}
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/pcb-mutation.XXXXXX")
 if [ -z "${KEEP:-}" ]; then
@@ -32,12 +32,12 @@ mkdir -p "$work/src" "$work/tests"
 cp -r "$root/src/pyconcbench" "$work/src/"
 find "$work/src" -name __pycache__ -prune -exec rm -rf {} +
 cp "$root/conftest.py" "$root/pyproject.toml" "$work/"
-cp "$root"/tests/*.py "$work/tests/"
+cp "$root"/tests/*.py "$work/tests/"; cp -r "$root/tests/data" "$work/tests/"
 {
     echo "[mutmut]"
     echo "source_paths = src"
     echo "only_mutate ="
-    for f in stats loadgen plugin; do echo "    src/pyconcbench/$f.py"; done
+    for f in stats loadgen rounds; do echo "    src/pyconcbench/$f.py"; done
     echo "pytest_add_cli_args = -p no:cacheprovider"
     echo "pytest_add_cli_args_test_selection ="
     for t in $TESTS; do echo "    $t"; done
