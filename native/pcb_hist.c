@@ -46,6 +46,23 @@ bool pcb_hist_record(pcb_hist *h, int64_t v)
     return true;
 }
 
+/* The engine's hot path calls pcb_hist_record above; this one is for the Python side. */
+bool pcb_hist_record_n(pcb_hist *h, int64_t v, uint64_t n)
+{
+    if (v < PCB_HIST_MIN_NS || v > PCB_HIST_MAX_NS) {
+        h->out_of_range += n;
+        return false;
+    }
+    h->counts[pcb_hist_index(v)] += n;
+    h->total += n;
+    h->sum += (double)v * (double)n;
+    if (v < h->min)
+        h->min = v;
+    if (v > h->max)
+        h->max = v;
+    return true;
+}
+
 void pcb_hist_merge(pcb_hist *dst, const pcb_hist *src)
 {
     for (int i = 0; i < PCB_HIST_BUCKETS; i++)

@@ -34,6 +34,9 @@ void pcb_hist_reset(pcb_hist *h);
  * [PCB_HIST_MIN_NS, PCB_HIST_MAX_NS]. */
 bool pcb_hist_record(pcb_hist *h, int64_t value_ns);
 
+/* Records one value `count` times (count >= 1); the same rule for values out of range. */
+bool pcb_hist_record_n(pcb_hist *h, int64_t value_ns, uint64_t count);
+
 /* Adds every count of src into dst. */
 void pcb_hist_merge(pcb_hist *dst, const pcb_hist *src);
 

@@ -270,11 +270,11 @@ pcb_load *pcb_load_open(const pcb_load_spec *spec, pcb_phase_result *res, pcb_ch
                         void *arg)
 {
     memset(res, 0, sizeof(*res));
-    if (spec->connections < 1 || spec->size < 1 || spec->size > (1u << 20) || spec->pipeline != 1 ||
-        spec->mode != PCB_MODE_CLOSED || !(spec->connect_timeout > 0)) {
+    if (spec->connections < 1 || spec->size < 1 || spec->size > (1u << 20) ||
+        !(spec->connect_timeout > 0)) {
         errno = EINVAL;
-        set_message(res, "invalid load spec (connections %u, size %u, pipeline %u, mode %d)",
-                    spec->connections, spec->size, spec->pipeline, spec->mode);
+        set_message(res, "invalid load spec (connections %u, size %u)", spec->connections,
+                    spec->size);
         fail(res, PCB_FAIL_SYSTEM);
         return NULL;
     }

@@ -20,11 +20,6 @@
 
 #include "pcb_hist.h"
 
-enum pcb_mode {
-    PCB_MODE_CLOSED = 0, /* ping-pong: the only mode implemented */
-    PCB_MODE_OPEN = 1,   /* reserved: fixed rate, latency from the intended send time */
-};
-
 /* Error kinds, counted per phase (and during connect). */
 enum pcb_err_kind {
     PCB_E_CONNECT_REFUSED = 0,
@@ -54,9 +49,6 @@ typedef struct pcb_load_spec {
     socklen_t addrlen;
     uint32_t connections;         /* >= 1 */
     uint32_t size;                /* message size, 1 .. 1 MiB */
-    int mode;                     /* PCB_MODE_CLOSED (PCB_MODE_OPEN: EINVAL for now) */
-    uint32_t pipeline;            /* messages in flight per connection: 1 for now */
-    double rate;                  /* open loop only: messages/s in total */
     double connect_timeout;       /* seconds for all connections */
     int cpu;                      /* pin the calling thread there; -1: leave as is */
     uint32_t max_errors;          /* connection errors tolerated per phase before failing */

@@ -25,6 +25,7 @@
 
 typedef struct {
     PyTypeObject *load_type;
+    PyTypeObject *hist_type;
 } module_state;
 
 static inline module_state *get_state(PyObject *module)
@@ -74,13 +75,226 @@ static const char *status_name(int status)
     }
 }
 
+/* ---- Histogram ------------------------------------------------------------------- */
+
+/* The one latency histogram of the project (pcb_hist.c), as a Python object: the engine hands
+ * each phase's histogram over as one; echo merges a case's rounds with merge(), the ZeroMQ
+ * family records its Python-timed latencies with record_many(); both ask percentiles() of the
+ * same C code. */
+typedef struct {
+    PyObject_HEAD
+    pcb_hist *h;
+} HistObject;
+
+static PyObject *Hist_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    if ((kwds && PyDict_GET_SIZE(kwds)) || (args && PyTuple_GET_SIZE(args))) {
+        PyErr_SetString(PyExc_TypeError, "Histogram() takes no arguments");
+        return NULL;
+    }
+    HistObject *self = (HistObject *)type->tp_alloc(type, 0);
+    if (!self)
+        return NULL;
+    self->h = PyMem_Malloc(sizeof(pcb_hist));
+    if (!self->h) {
+        Py_DECREF(self);
+        return PyErr_NoMemory();
+    }
+    pcb_hist_reset(self->h);
+    return (PyObject *)self;
+}
+
+static void Hist_dealloc(HistObject *self)
+{
+    PyTypeObject *tp = Py_TYPE(self);
+    PyMem_Free(self->h);
+    tp->tp_free((PyObject *)self);
+    Py_DECREF(tp);
+}
+
+/* A new, empty Histogram of the module's type. */
+static HistObject *hist_create(PyTypeObject *hist_type)
+{
+    PyObject *empty = PyTuple_New(0);
+    if (!empty)
+        return NULL;
+    HistObject *h = (HistObject *)Hist_new(hist_type, empty, NULL);
+    Py_DECREF(empty);
+    return h;
+}
+
+/* Reads an ascending list of percentiles in [0, 100]; returns its length or -1. */
+static Py_ssize_t read_percentiles(PyObject *pcts, double **out)
+{
+    PyObject *seq = PySequence_Fast(pcts, "percentiles must be a sequence of numbers");
+    if (!seq)
+        return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    double *p = PyMem_Malloc(sizeof(double) * (size_t)(n ? n : 1));
+    if (!p) {
+        Py_DECREF(seq);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        p[i] = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(seq, i));
+        if (p[i] == -1.0 && PyErr_Occurred())
+            goto fail;
+        if (!(p[i] >= 0.0 && p[i] <= 100.0) || (i && p[i] < p[i - 1])) {
+            PyErr_SetString(PyExc_ValueError, "percentiles must be ascending, within 0..100");
+            goto fail;
+        }
+    }
+    Py_DECREF(seq);
+    *out = p;
+    return n;
+fail:
+    Py_DECREF(seq);
+    PyMem_Free(p);
+    return -1;
+}
+
+/* A value in ns from a Python int; -1 with an exception set when it is not one. */
+static int read_ns(PyObject *obj, long long *v)
+{
+    *v = PyLong_AsLongLong(obj);
+    if (*v == -1 && PyErr_Occurred()) {
+        if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
+            PyErr_Clear();
+            *v = PCB_HIST_MAX_NS + 1; /* beyond any range: counted out of range */
+            return 0;
+        }
+        return -1;
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(Hist_record_doc,
+"record(ns, count=1) -> bool\n\n"
+"Records one latency (an int of nanoseconds) `count` times.  False when it is outside\n"
+"HIST_MIN_NS..HIST_MAX_NS: then it is counted in out_of_range, not in the percentiles.");
+
+static PyObject *Hist_record(HistObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"ns", "count", NULL};
+    PyObject *value;
+    unsigned long long count = 1;
+    long long v;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|K:record", kwlist, &value, &count))
+        return NULL;
+    if (count < 1 || count > (1ULL << 62))
+        return PyErr_Format(PyExc_ValueError, "count: must be 1 .. 2**62, got %llu", count);
+    if (read_ns(value, &v) < 0)
+        return NULL;
+    return PyBool_FromLong(pcb_hist_record_n(self->h, v, count));
+}
+
+PyDoc_STRVAR(Hist_record_many_doc,
+"record_many(values) -> int\n\n"
+"Records every latency of an iterable of ints (ns); returns how many were in range.");
+
+static PyObject *Hist_record_many(HistObject *self, PyObject *values)
+{
+    PyObject *it = PyObject_GetIter(values);
+    if (!it)
+        return NULL;
+    unsigned long long recorded = 0;
+    PyObject *item;
+    while ((item = PyIter_Next(it))) {
+        long long v;
+        int r = read_ns(item, &v);
+        Py_DECREF(item);
+        if (r < 0) {
+            Py_DECREF(it);
+            return NULL;
+        }
+        recorded += pcb_hist_record(self->h, v);
+    }
+    Py_DECREF(it);
+    if (PyErr_Occurred())
+        return NULL;
+    return PyLong_FromUnsignedLongLong(recorded);
+}
+
+PyDoc_STRVAR(Hist_merge_doc,
+"merge(other) -> None\n\nAdds every count of another Histogram into this one.");
+
+static PyObject *Hist_merge(HistObject *self, PyObject *other)
+{
+    if (!PyObject_TypeCheck(other, Py_TYPE(self)))
+        return PyErr_Format(PyExc_TypeError, "merge: needs a Histogram, got %.100s",
+                            Py_TYPE(other)->tp_name);
+    pcb_hist_merge(self->h, ((HistObject *)other)->h);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(Hist_percentiles_doc,
+"percentiles(pcts) -> list of int\n\n"
+"For each p of an ascending list within 0..100: the highest value of the bucket holding the\n"
+"smallest recorded value with at least p % of the values at or below it, never beyond the exact\n"
+"min and max (100 gives the exact max).  Zeros when nothing was recorded.");
+
+static PyObject *Hist_percentiles(HistObject *self, PyObject *pcts)
+{
+    double *p = NULL;
+    Py_ssize_t n = read_percentiles(pcts, &p);
+    if (n < 0)
+        return NULL;
+    int64_t *out = PyMem_Malloc(sizeof(int64_t) * (size_t)(n ? n : 1));
+    if (!out) {
+        PyMem_Free(p);
+        return PyErr_NoMemory();
+    }
+    pcb_hist_percentiles(self->h, p, out, (size_t)n);
+    PyObject *list = PyList_New(n);
+    for (Py_ssize_t i = 0; list && i < n; i++) {
+        PyObject *v = PyLong_FromLongLong(out[i]);
+        if (!v) {
+            Py_CLEAR(list);
+            break;
+        }
+        PyList_SET_ITEM(list, i, v);
+    }
+    PyMem_Free(p);
+    PyMem_Free(out);
+    return list;
+}
+
+PyDoc_STRVAR(Hist_buckets_doc,
+"buckets() -> list of (highest ns, count)\n\nThe non-empty buckets, ascending.");
+
+static PyObject *Hist_buckets(HistObject *self, PyObject *Py_UNUSED(ignored))
+{
+    const pcb_hist *h = self->h;
+    PyObject *buckets = PyList_New(0);
+    if (!buckets)
+        return NULL;
+    for (int i = 0; i < PCB_HIST_BUCKETS; i++) {
+        if (!h->counts[i])
+            continue;
+        PyObject *pair = Py_BuildValue("(LK)", (long long)pcb_hist_bucket_high(i),
+                                       (unsigned long long)h->counts[i]);
+        if (!pair || PyList_Append(buckets, pair) < 0) {
+            Py_XDECREF(pair);
+            Py_DECREF(buckets);
+            return NULL;
+        }
+        Py_DECREF(pair);
+    }
+    return buckets;
+}
+
 #define PERCENTILE_COUNT 6
 static const double PERCENTILES[PERCENTILE_COUNT] = {50.0, 90.0, 95.0, 99.0, 99.9, 100.0};
 static const char *const PERCENTILE_KEYS[PERCENTILE_COUNT] = {"p50", "p90", "p95", "p99", "p99_9", "max"};
 
-/* A dict of latency figures in ns, and the non-empty buckets as (highest value, count). */
-static PyObject *latency_dict(const pcb_hist *h)
+PyDoc_STRVAR(Hist_summary_doc,
+"summary() -> dict\n\n"
+"count, out_of_range, min, mean, p50, p90, p95, p99, p99_9, max (ns; zeros when empty).");
+
+static PyObject *Hist_summary(HistObject *self, PyObject *Py_UNUSED(ignored))
 {
+    const pcb_hist *h = self->h;
     int64_t out[PERCENTILE_COUNT];
     pcb_hist_percentiles(h, PERCENTILES, out, PERCENTILE_COUNT);
     PyObject *d = Py_BuildValue("{s:K,s:K,s:L,s:d}", "count", (unsigned long long)h->total,
@@ -98,32 +312,98 @@ static PyObject *latency_dict(const pcb_hist *h)
         }
         Py_DECREF(v);
     }
-    PyObject *buckets = PyList_New(0);
-    if (!buckets) {
-        Py_DECREF(d);
-        return NULL;
-    }
-    for (int i = 0; i < PCB_HIST_BUCKETS; i++) {
-        if (!h->counts[i])
-            continue;
-        PyObject *pair = Py_BuildValue("(LK)", (long long)pcb_hist_bucket_high(i),
-                                       (unsigned long long)h->counts[i]);
-        if (!pair || PyList_Append(buckets, pair) < 0) {
-            Py_XDECREF(pair);
-            Py_DECREF(buckets);
-            Py_DECREF(d);
-            return NULL;
-        }
-        Py_DECREF(pair);
-    }
-    int r = PyDict_SetItemString(d, "buckets", buckets);
-    Py_DECREF(buckets);
-    if (r < 0) {
-        Py_DECREF(d);
-        return NULL;
-    }
     return d;
 }
+
+PyDoc_STRVAR(Hist_copy_doc, "copy() -> Histogram\n\nAn independent copy.");
+
+static PyObject *Hist_copy(HistObject *self, PyObject *Py_UNUSED(ignored))
+{
+    HistObject *c = hist_create(Py_TYPE(self));
+    if (c)
+        memcpy(c->h, self->h, sizeof(pcb_hist));
+    return (PyObject *)c;
+}
+
+static PyObject *Hist_deepcopy(HistObject *self, PyObject *Py_UNUSED(memo))
+{
+    return Hist_copy(self, NULL);
+}
+
+static PyObject *Hist_get_count(HistObject *self, void *Py_UNUSED(closure))
+{
+    return PyLong_FromUnsignedLongLong(self->h->total);
+}
+
+static PyObject *Hist_get_out_of_range(HistObject *self, void *Py_UNUSED(closure))
+{
+    return PyLong_FromUnsignedLongLong(self->h->out_of_range);
+}
+
+static PyObject *Hist_get_min(HistObject *self, void *Py_UNUSED(closure))
+{
+    return PyLong_FromLongLong(self->h->total ? self->h->min : 0);
+}
+
+static PyObject *Hist_get_max(HistObject *self, void *Py_UNUSED(closure))
+{
+    return PyLong_FromLongLong(self->h->total ? self->h->max : 0);
+}
+
+static PyObject *Hist_get_mean(HistObject *self, void *Py_UNUSED(closure))
+{
+    return PyFloat_FromDouble(self->h->total ? self->h->sum / (double)self->h->total : 0.0);
+}
+
+static PyObject *Hist_repr(HistObject *self)
+{
+    const pcb_hist *h = self->h;
+    return PyUnicode_FromFormat("<Histogram count=%llu min=%lld max=%lld out_of_range=%llu>",
+                                (unsigned long long)h->total, (long long)(h->total ? h->min : 0),
+                                (long long)(h->total ? h->max : 0),
+                                (unsigned long long)h->out_of_range);
+}
+
+static PyMethodDef Hist_methods[] = {
+    {"record", (PyCFunction)(void (*)(void))Hist_record, METH_VARARGS | METH_KEYWORDS, Hist_record_doc},
+    {"record_many", (PyCFunction)Hist_record_many, METH_O, Hist_record_many_doc},
+    {"merge", (PyCFunction)Hist_merge, METH_O, Hist_merge_doc},
+    {"percentiles", (PyCFunction)Hist_percentiles, METH_O, Hist_percentiles_doc},
+    {"buckets", (PyCFunction)Hist_buckets, METH_NOARGS, Hist_buckets_doc},
+    {"summary", (PyCFunction)Hist_summary, METH_NOARGS, Hist_summary_doc},
+    {"copy", (PyCFunction)Hist_copy, METH_NOARGS, Hist_copy_doc},
+    {"__copy__", (PyCFunction)Hist_copy, METH_NOARGS, NULL},
+    {"__deepcopy__", (PyCFunction)Hist_deepcopy, METH_O, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef Hist_getset[] = {
+    {"count", (getter)Hist_get_count, NULL, "Values recorded (in range).", NULL},
+    {"out_of_range", (getter)Hist_get_out_of_range, NULL, "Values outside the range, not recorded.", NULL},
+    {"min", (getter)Hist_get_min, NULL, "Exact smallest value recorded (0 when empty).", NULL},
+    {"max", (getter)Hist_get_max, NULL, "Exact largest value recorded (0 when empty).", NULL},
+    {"mean", (getter)Hist_get_mean, NULL, "Mean of the values recorded (0.0 when empty).", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyType_Slot Hist_slots[] = {
+    {Py_tp_doc, "Histogram()\n\n"
+                "Log-linear latency histogram in ns (native/pcb_hist.h): values HIST_MIN_NS ..\n"
+                "HIST_MAX_NS, a reported value at most 1/2**HIST_SUB_BITS above the true one."},
+    {Py_tp_new, Hist_new},
+    {Py_tp_dealloc, Hist_dealloc},
+    {Py_tp_methods, Hist_methods},
+    {Py_tp_getset, Hist_getset},
+    {Py_tp_repr, Hist_repr},
+    {0, NULL},
+};
+
+static PyType_Spec Hist_spec = {
+    .name = "pyconcbench._native.Histogram",
+    .basicsize = sizeof(HistObject),
+    .flags = Py_TPFLAGS_DEFAULT,
+    .slots = Hist_slots,
+};
 
 static PyObject *result_dict(const pcb_phase_result *res)
 {
@@ -206,19 +486,18 @@ static int parse_address(pcb_load_spec *spec, const char *family, const char *ad
 static int Load_init(LoadObject *self, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"family", "address", "port", "connections", "size", "connect_timeout",
-                             "cpu", "max_errors", "seed", "mode", "pipeline", "rate", NULL};
+                             "cpu", "max_errors", "seed", NULL};
     const char *family, *address;
-    int port = 0, cpu = -1, mode = PCB_MODE_CLOSED;
-    unsigned int connections, size, max_errors = 0, pipeline = 1;
+    int port = 0, cpu = -1;
+    unsigned int connections, size, max_errors = 0;
     unsigned long long seed = 0;
-    double connect_timeout = 30.0, rate = 0.0;
+    double connect_timeout = 30.0;
     if (self->load) {
         PyErr_SetString(PyExc_RuntimeError, "Load is already open");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "ssiII|diIKiId", kwlist, &family, &address, &port,
-                                     &connections, &size, &connect_timeout, &cpu, &max_errors, &seed,
-                                     &mode, &pipeline, &rate))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "ssiII|diIK", kwlist, &family, &address, &port,
+                                     &connections, &size, &connect_timeout, &cpu, &max_errors, &seed))
         return -1;
     memset(&self->spec, 0, sizeof(self->spec));
     if (parse_address(&self->spec, family, address, port) < 0)
@@ -231,23 +510,12 @@ static int Load_init(LoadObject *self, PyObject *args, PyObject *kwds)
         PyErr_Format(PyExc_ValueError, "size: must be 1 .. 1048576 bytes, got %u", size);
         return -1;
     }
-    if (mode != PCB_MODE_CLOSED) {
-        PyErr_Format(PyExc_ValueError, "mode: only closed-loop (0) is implemented, got %d", mode);
-        return -1;
-    }
-    if (pipeline != 1) {
-        PyErr_Format(PyExc_ValueError, "pipeline: only depth 1 is implemented, got %u", pipeline);
-        return -1;
-    }
     if (!(connect_timeout > 0)) {
         PyErr_SetString(PyExc_ValueError, "connect_timeout: must be > 0");
         return -1;
     }
     self->spec.connections = connections;
     self->spec.size = size;
-    self->spec.mode = mode;
-    self->spec.pipeline = pipeline;
-    self->spec.rate = rate;
     self->spec.connect_timeout = connect_timeout;
     self->spec.cpu = cpu;
     self->spec.max_errors = max_errors;
@@ -293,7 +561,8 @@ static PyObject *Load_open(LoadObject *self, PyObject *Py_UNUSED(ignored))
 PyDoc_STRVAR(Load_phase_doc,
 "phase(messages, duration, stall_timeout, deadline, minimal=False) -> dict\n\n"
 "Runs one closed-loop phase with the GIL released: `messages` round trips (or `duration`\n"
-"seconds when messages is 0).  Adds 'latency' (ns) and 'per_conn' to the result dict.\n"
+"seconds when messages is 0).  Adds 'latency' (the phase's Histogram, ns) and 'per_conn' to\n"
+"the result dict.\n"
 "Raises the pending exception if a signal handler raised (KeyboardInterrupt, timeouts).");
 
 static PyObject *Load_phase(LoadObject *self, PyObject *args, PyObject *kwds)
@@ -334,7 +603,11 @@ static PyObject *Load_phase(LoadObject *self, PyObject *args, PyObject *kwds)
     PyObject *d = result_dict(&res);
     if (!d)
         return NULL;
-    PyObject *lat = latency_dict(pcb_load_hist(self->load));
+    PyObject *module = PyType_GetModule(Py_TYPE(self));
+    HistObject *hist = module ? hist_create(get_state(module)->hist_type) : NULL;
+    if (hist)
+        memcpy(hist->h, pcb_load_hist(self->load), sizeof(pcb_hist));
+    PyObject *lat = (PyObject *)hist;
     uint32_t n = pcb_load_connections(self->load);
     const uint64_t *pc = pcb_load_per_conn(self->load);
     PyObject *per = PyList_New(n);
@@ -396,7 +669,7 @@ static PyGetSetDef Load_getset[] = {
 
 static PyType_Slot Load_slots[] = {
     {Py_tp_doc, "Load(family, address, port, connections, size, connect_timeout=30.0, cpu=-1, "
-                "max_errors=0, seed=0, mode=0, pipeline=1, rate=0.0)\n\n"
+                "max_errors=0, seed=0)\n\n"
                 "A set of connections to one loopback echo server, driven by the C epoll engine."},
     {Py_tp_init, Load_init},
     {Py_tp_new, PyType_GenericNew},
@@ -498,72 +771,6 @@ static PyObject *set_pdeathsig(PyObject *module, PyObject *args)
     Py_RETURN_NONE;
 }
 
-PyDoc_STRVAR(hist_query_doc,
-"hist_query(values, percentiles) -> dict\n\n"
-"Records the ns values in a fresh histogram and returns the latency dict the engine reports\n"
-"plus 'query': the given percentiles.  For tests of the histogram itself.");
-
-static PyObject *hist_query(PyObject *module, PyObject *args)
-{
-    PyObject *values, *pcts;
-    if (!PyArg_ParseTuple(args, "OO:hist_query", &values, &pcts))
-        return NULL;
-    PyObject *vseq = PySequence_Fast(values, "values must be a sequence");
-    if (!vseq)
-        return NULL;
-    PyObject *pseq = PySequence_Fast(pcts, "percentiles must be a sequence");
-    if (!pseq) {
-        Py_DECREF(vseq);
-        return NULL;
-    }
-    pcb_hist *h = PyMem_Malloc(sizeof(pcb_hist));
-    Py_ssize_t np = PySequence_Fast_GET_SIZE(pseq);
-    double *p = PyMem_Malloc(sizeof(double) * (size_t)(np ? np : 1));
-    int64_t *out = PyMem_Malloc(sizeof(int64_t) * (size_t)(np ? np : 1));
-    PyObject *result = NULL, *query = NULL;
-    if (!h || !p || !out) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    pcb_hist_reset(h);
-    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(vseq); i++) {
-        long long v = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(vseq, i));
-        if (v == -1 && PyErr_Occurred())
-            goto done;
-        pcb_hist_record(h, v);
-    }
-    for (Py_ssize_t i = 0; i < np; i++) {
-        p[i] = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(pseq, i));
-        if (p[i] == -1.0 && PyErr_Occurred())
-            goto done;
-        if (p[i] < 0 || p[i] > 100 || (i && p[i] < p[i - 1])) {
-            PyErr_SetString(PyExc_ValueError, "percentiles must be ascending, within 0..100");
-            goto done;
-        }
-    }
-    pcb_hist_percentiles(h, p, out, (size_t)np);
-    result = latency_dict(h);
-    if (!result)
-        goto done;
-    query = PyList_New(np);
-    if (!query) {
-        Py_CLEAR(result);
-        goto done;
-    }
-    for (Py_ssize_t i = 0; i < np; i++)
-        PyList_SET_ITEM(query, i, PyLong_FromLongLong(out[i]));
-    if (PyDict_SetItemString(result, "query", query) < 0)
-        Py_CLEAR(result);
-    Py_DECREF(query);
-done:
-    PyMem_Free(h);
-    PyMem_Free(p);
-    PyMem_Free(out);
-    Py_DECREF(vseq);
-    Py_DECREF(pseq);
-    return result;
-}
-
 /* ==== switch microbenchmarks (pcb_micro.c) ===================================== begin ==== */
 
 #include "pcb_micro.h"
@@ -648,7 +855,6 @@ static PyMethodDef module_methods[] = {
     {"echo_threads", echo_threads, METH_VARARGS, echo_threads_doc},
     {"cacheline_rtt", cacheline_rtt, METH_VARARGS, cacheline_rtt_doc},
     {"set_pdeathsig", set_pdeathsig, METH_VARARGS, "set_pdeathsig(signum)\n\nprctl(PR_SET_PDEATHSIG)."},
-    {"hist_query", hist_query, METH_VARARGS, hist_query_doc},
     /* switch microbenchmarks */
     {"micro_run", (PyCFunction)(void (*)(void))micro_run, METH_VARARGS | METH_KEYWORDS, micro_run_doc},
     {"micro_cases", micro_cases, METH_NOARGS, micro_cases_doc},
@@ -663,6 +869,11 @@ static int module_exec(PyObject *module)
         return -1;
     if (PyModule_AddType(module, st->load_type) < 0)
         return -1;
+    st->hist_type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &Hist_spec, NULL);
+    if (!st->hist_type)
+        return -1;
+    if (PyModule_AddType(module, st->hist_type) < 0)
+        return -1;
     if (PyModule_AddIntConstant(module, "HIST_MIN_NS", PCB_HIST_MIN_NS) < 0 ||
         PyModule_AddIntConstant(module, "HIST_MAX_NS", PCB_HIST_MAX_NS) < 0 ||
         PyModule_AddIntConstant(module, "HIST_SUB_BITS", PCB_HIST_SUB_BITS) < 0 ||
@@ -674,12 +885,14 @@ static int module_exec(PyObject *module)
 static int module_traverse(PyObject *module, visitproc visit, void *arg)
 {
     Py_VISIT(get_state(module)->load_type);
+    Py_VISIT(get_state(module)->hist_type);
     return 0;
 }
 
 static int module_clear(PyObject *module)
 {
     Py_CLEAR(get_state(module)->load_type);
+    Py_CLEAR(get_state(module)->hist_type);
     return 0;
 }
 

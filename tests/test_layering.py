@@ -11,7 +11,7 @@ import pytest
 import pyconcbench
 
 #: The pytest-free side: everything but the plugin, the gate's plugin and the report.
-WORKLOADS = ("pyconcbench.options", "pyconcbench.rounds", "pyconcbench.instruments", "pyconcbench.machine",
+WORKLOADS = ("pyconcbench.options", "pyconcbench.loopback", "pyconcbench.rounds", "pyconcbench.instruments", "pyconcbench.machine",
              "pyconcbench.echo", "pyconcbench.loadgen", "pyconcbench.harness", "pyconcbench.serve",
              "pyconcbench.plain", "pyconcbench.syscalls", "pyconcbench.gate", "pyconcbench.stats",
              "pyconcbench.metrics", "pyconcbench.micro", "pyconcbench.zmq", "pyconcbench.zmq.runner",

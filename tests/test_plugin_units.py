@@ -107,12 +107,15 @@ def test_parse_mallocs_and_bool():
 # ---- the measured round, with fakes ------------------------------------------------------
 
 def result(completed=1000, elapsed=0.1, lg_cpu=0.05, p50=50_000, counts=(500, 500)):
+    hist = loadgen.Histogram()
+    hist.record(p50, completed // 2)
+    hist.record(2 * p50, completed - completed // 2)
     return loadgen.LoadResult(
         connections=len(counts), size=64, transport="tcp", completed=completed, elapsed=elapsed,
         connect_seconds=0.002, latency={"p50": p50, "p90": 1.5 * p50, "p95": 1.8 * p50, "p99": 2 * p50, "max": 3 * p50},
         fairness=loadgen.fairness(list(counts)), errors={k: 0 for k in loadgen.ERROR_KINDS},
         loadgen_cpu_user=lg_cpu / 2, loadgen_cpu_sys=lg_cpu / 2, bytes=completed * 64,
-        latency_buckets=((p50, completed // 2), (2 * p50, completed - completed // 2)),
+        histogram=hist,
     )
 
 
@@ -218,7 +221,8 @@ def test_outcome_figures(fakes):
     assert e["loadgen_bound"] is True                      # round 1: 95 % of a core
     assert e["loadgen_cpu_share"] == pytest.approx(0.39)
     assert e["connect_rate"] == 500.0
-    assert e["latency_p50_us"] == 50.0 and e["latency_p99_us"] == 100.0
+    # p50 is the high of 50 us's bucket (within 1/128), p99 the exact max
+    assert 50.0 <= e["latency_p50_us"] <= 50.0 * (1 + 1 / 128) and e["latency_p99_us"] == 100.0
     assert [r["completed"] for r in e["rounds"]] == [1000, 1000]
     info = {"kept": 1}
     out.fill(info)

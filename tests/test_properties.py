@@ -12,7 +12,6 @@ from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from pyconcbench import _native, instruments, loadgen, machine, rounds, stats
-from pyconcbench.loadgen import merge_percentiles
 from pyconcbench.echo import EchoCase, EchoOutcome, RoundRecord
 from pyconcbench.rounds import noise_reason
 
@@ -43,12 +42,19 @@ def exact_percentile(ordered, p):
     return ordered[math.ceil(need) - 1]
 
 
+def histogram(values):
+    h = _native.Histogram()
+    h.record_many(values)
+    return h
+
+
 def merged(phase_values, pcts):
-    """What the plugin does with several rounds: each round's buckets from the engine's own
-    histogram, merged, clamped to the largest exact max of the rounds."""
-    rounds = [_native.hist_query(v, []) for v in phase_values]
-    top = max(r["max"] for r in rounds)
-    return merge_percentiles([r["buckets"] for r in rounds], pcts, maximum=top)
+    """What the echo workload does with several rounds: each round's histogram from the
+    engine, merged, asked for the percentiles."""
+    total = _native.Histogram()
+    for v in phase_values:
+        total.merge(histogram(v))
+    return total.percentiles(pcts)
 
 
 @BOUNDED
@@ -75,22 +81,18 @@ def test_merged_percentiles_are_within_the_stated_error_and_never_above_the_max(
 @given(phases, percentile_lists)
 def test_merging_rounds_reports_what_one_histogram_of_every_sample_reports(phase_values, pcts):
     everything = [v for phase in phase_values for v in phase]
-    assert merged(phase_values, pcts) == _native.hist_query(everything, pcts)["query"]
+    assert merged(phase_values, pcts) == histogram(everything).percentiles(pcts)
 
 
-def test_merge_clamps_to_the_exact_maximum_the_callers_pass():
-    one = _native.hist_query([1000], [])
-    assert one["buckets"] == [(1003, 1)] and one["max"] == 1000
-    assert merge_percentiles([one["buckets"]], maximum=1000) == [1000] * 5
-    assert merge_percentiles([one["buckets"]], maximum=None) == [1003] * 5  # only where no max is known
-    with pytest.raises(TypeError):
-        merge_percentiles([one["buckets"]])  # a caller must say what the maximum is
-    # as the engine's query: 0 and 100 are the edges, beyond them an error
-    assert merge_percentiles([[(127, 1), (1003, 1)]], [0.0, 100.0], maximum=1000) == [127, 1000]
+def test_percentiles_are_clamped_to_the_exact_extremes():
+    one = histogram([1000])
+    assert one.buckets() == [(1003, 1)] and one.max == 1000
+    assert one.percentiles(DEFAULT_PERCENTILES) == [1000] * 5  # not the bucket's high, 1003
+    # 0 and 100 are the edges, beyond them an error
+    assert histogram([127, 1000]).percentiles([0.0, 100.0]) == [127, 1000]
     for bad in ([100.5], [-1.0], [float("nan")]):
         with pytest.raises(ValueError, match="within 0..100"):
-            merge_percentiles([one["buckets"]], bad, maximum=1000)
-    assert merge_percentiles([[(1003, 0)]], [50.0], maximum=1000) == [0]  # empty buckets count nothing
+            one.percentiles(bad)
 
 
 # ---- fairness within one round ------------------------------------------------------------
@@ -167,13 +169,12 @@ def test_the_starving_boundary_is_strictly_below_a_tenth_of_the_mean(counts, sta
 # ---- fairness and latency across rounds (EchoOutcome) -------------------------------------
 
 def round_result(counts, latency_values):
-    lat = _native.hist_query(latency_values, [])
-    buckets = tuple(tuple(b) for b in lat.pop("buckets"))
+    hist = histogram(latency_values)
     return loadgen.LoadResult(
         connections=len(counts), size=64, transport="tcp", completed=sum(counts), elapsed=0.1,
-        connect_seconds=0.0, latency=lat, fairness=loadgen.fairness(counts),
+        connect_seconds=0.0, latency=hist.summary(), fairness=loadgen.fairness(counts),
         errors={k: 0 for k in loadgen.ERROR_KINDS}, loadgen_cpu_user=0.01, loadgen_cpu_sys=0.01,
-        bytes=64 * sum(counts), latency_buckets=buckets)
+        bytes=64 * sum(counts), histogram=hist)
 
 
 def outcome(round_counts, latencies=None):

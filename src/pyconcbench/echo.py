@@ -19,6 +19,8 @@ from .options import PROFILES, Settings, per_connection
 from .report.echo_tables import size_label
 
 #: Clock ticks of server CPU needed before its user/system split is reported.
+#: The latency percentiles a case saves (latency_p50_us .. latency_p99_9_us).
+PERCENTILES = (50.0, 90.0, 95.0, 99.0, 99.9)
 MIN_TICKS_FOR_SPLIT = 20
 
 @dataclass(frozen=True)
@@ -269,8 +271,7 @@ class EchoOutcome:
             for kind, n in r.errors.items():
                 if n:
                     errors[kind] = errors.get(kind, 0) + n
-        pct = loadgen.merge_percentiles([r.latency_buckets for r in results],
-                                        maximum=max(r.latency["max"] for r in results))
+        pct = loadgen.merged(results).percentiles(PERCENTILES)
         s_cpu = sum(r.server_cpu for r in recs)
         ticks_user = sum(r.server_user for r in recs)
         ticks_sys = sum(r.server_sys for r in recs)

@@ -23,8 +23,8 @@ import time
 from dataclasses import dataclass
 from typing import List, Optional, Tuple, Union
 
-from pyconcbench import plain, procs, servers
-from pyconcbench.serve import Unusable, implementation_hook, loopback_address
+from pyconcbench import loopback, plain, procs, servers
+from pyconcbench.serve import Unusable, implementation_hook
 
 STDERR_TAIL_LINES = 20
 
@@ -203,10 +203,7 @@ class ServerProcess:
         if transport not in ("tcp", "unix"):
             raise ValueError("transport must be 'tcp' or 'unix', not %r" % (transport,))
         if transport == "tcp":
-            try:
-                loopback_address(host)
-            except Unusable as exc:
-                raise ValueError(str(exc)) from None
+            loopback.address(host)  # NotLoopback is a ValueError
         if cpu is not None and cpu not in cpus_available():
             raise ValueError("cannot pin the server to CPU %r: allowed CPUs are %s"
                              % (cpu, cpus_available()))

@@ -10,15 +10,14 @@ The engine runs in the calling thread with the GIL released; it re-takes the GIL
 """
 from __future__ import annotations
 
-import ipaddress
 import math
 import os
 import resource
 import statistics
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from . import _native, stats
+from . import _native, loopback, stats
 
 __all__ = [
     "FdLimitError",
@@ -27,6 +26,8 @@ __all__ = [
     "LoadResult",
     "LoadSession",
     "LoadSpec",
+    "Histogram",
+    "merged",
     "ensure_fd_limit",
     "fairness",
     "fd_limit",
@@ -44,6 +45,9 @@ LOADGEN_BOUND_SHARE = 0.90
 #: A connection that completed fewer round trips than this share of the mean is starving
 #: (defined in stats, which the report can import without the C extension).
 STARVING_SHARE = stats.STARVING_SHARE
+
+#: The engine's latency histogram (native/pcb_hist.c), the one percentile code of the project.
+Histogram = _native.Histogram
 
 ERROR_KINDS = ("connect_refused", "connect_other", "reset", "early_eof", "timeout",
                "payload_mismatch", "io")
@@ -82,27 +86,17 @@ def _is_number(value: Any) -> bool:
 
 
 def loopback_host(host: str) -> str:
-    """``host`` as a numeric loopback address; ValueError for anything else."""
-    if host == "localhost":
-        return "127.0.0.1"
-    try:
-        ip = ipaddress.ip_address(host)
-    except ValueError:
-        raise ValueError(f"host {host!r} is not a numeric IP address or 'localhost'") from None
-    if not ip.is_loopback:
-        raise ValueError(f"host {host!r} is not loopback (127.0.0.0/8 or ::1): "
-                         "pyconcbench only loads servers on this machine")
-    return str(ip)
+    """``host`` as a numeric loopback address; ValueError for anything else (the one rule,
+    ``pyconcbench.loopback``)."""
+    return loopback.address(host)
 
 
 @dataclass(frozen=True)
 class LoadSpec:
     """What load to put on one echo server.  Every field is checked on construction.
 
-    Closed loop (``mode="closed"``, the only mode so far): each connection sends ``size``
-    bytes, waits for the whole echo, checks it, sends the next.  ``mode="open"`` (a fixed
-    total ``rate``, latency from each message's intended send time) and ``pipeline`` > 1 are
-    reserved for a later release and refused for now.
+    Closed loop: each connection sends ``size`` bytes, waits for the whole echo, checks it,
+    sends the next (an open-loop mode and pipelining are not implemented).
     """
 
     transport: str = "tcp"             #: "tcp" or "unix"
@@ -121,9 +115,6 @@ class LoadSpec:
     cpu: Optional[int] = None          #: pin the engine's thread to this CPU
     max_errors: int = 0                #: connection errors tolerated per phase
     seed: int = 0                      #: varies the payloads
-    mode: str = "closed"
-    pipeline: int = 1
-    rate: Optional[float] = None
 
     def __post_init__(self) -> None:
         if self.transport not in ("tcp", "unix"):
@@ -143,7 +134,7 @@ class LoadSpec:
             if len(os.fsencode(self.path)) > 107:
                 raise _fail("path", self.path, "is longer than the 107 bytes a UNIX socket path may have")
         for name, low in (("connections", 1), ("size", 1), ("messages", 0),
-                          ("warmup_messages", 0), ("max_errors", 0), ("seed", 0), ("pipeline", 1)):
+                          ("warmup_messages", 0), ("max_errors", 0), ("seed", 0)):
             value = getattr(self, name)
             if not _is_int(value) or value < low:
                 raise _fail(name, value, f"must be an int >= {low}")
@@ -165,14 +156,6 @@ class LoadSpec:
             allowed = sorted(os.sched_getaffinity(0))
             if not _is_int(self.cpu) or self.cpu not in allowed:
                 raise _fail("cpu", self.cpu, f"must be one of this process's CPUs {allowed} or None")
-        if self.mode == "open":
-            raise _fail("mode", self.mode, "open-loop mode is not implemented yet; use 'closed'")
-        if self.mode != "closed":
-            raise _fail("mode", self.mode, "must be 'closed'")
-        if self.pipeline != 1:
-            raise _fail("pipeline", self.pipeline, "pipelining is not implemented yet; use 1")
-        if self.rate is not None:
-            raise _fail("rate", self.rate, "is for the open-loop mode, not implemented yet")
         if self.connections * self.size > MAX_PAYLOAD_MEMORY:
             raise _fail("size", self.size,
                         f"times {self.connections} connections needs more than "
@@ -219,13 +202,14 @@ class LoadResult:
     completed: int                       #: verified round trips in the measured phase
     elapsed: float                       #: seconds, from the phase's first send to its last echo
     connect_seconds: float               #: to establish every connection (0 when reused)
-    latency: Dict[str, float]            #: count, min, mean, p50, p90, p95, p99, p99_9, max
+    latency: Dict[str, float]            #: count, out_of_range, min, mean, p50, p90, p95, p99, p99_9, max
     fairness: Fairness
     errors: Dict[str, int]
     loadgen_cpu_user: float
     loadgen_cpu_sys: float
     bytes: int
-    latency_buckets: Tuple[Tuple[int, int], ...] = field(default=(), repr=False)
+    #: the phase's whole latency histogram (``_native.Histogram``): rounds merge exactly
+    histogram: Any = field(default=None, repr=False, compare=False)
 
     @property
     def msgs_per_s(self) -> float:
@@ -249,8 +233,10 @@ class LoadResult:
         return self.loadgen_cpu_share >= LOADGEN_BOUND_SHARE
 
     def as_dict(self) -> Dict[str, Any]:
-        d = asdict(self)
-        d.pop("latency_buckets")
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "histogram"}
+        d["latency"] = dict(self.latency)
+        d["errors"] = dict(self.errors)
+        d["fairness"] = asdict(self.fairness)
         d.update(msgs_per_s=self.msgs_per_s, connect_rate=self.connect_rate,
                  loadgen_cpu_share=self.loadgen_cpu_share, loadgen_bound=self.loadgen_bound)
         return d
@@ -338,8 +324,7 @@ class LoadSession:
         if messages is None and duration is None:
             messages, duration = spec.messages, spec.duration
         res = self._phase(messages or 0, duration or 0.0)
-        lat = dict(res["latency"])
-        buckets = tuple(tuple(b) for b in lat.pop("buckets"))
+        hist = res["latency"]
         return LoadResult(
             connections=spec.connections,
             size=spec.size,
@@ -347,13 +332,13 @@ class LoadSession:
             completed=res["completed"],
             elapsed=res["elapsed"],
             connect_seconds=self.connect_seconds,
-            latency=lat,
+            latency=hist.summary(),
             fairness=fairness(res["per_conn"]),
             errors=dict(res["errors"]),
             loadgen_cpu_user=res["cpu_user"],
             loadgen_cpu_sys=res["cpu_sys"],
             bytes=res["bytes"],
-            latency_buckets=buckets,  # type: ignore[arg-type]
+            histogram=hist,
         )
 
     def minimal_round(self, messages: int) -> Tuple[int, float, float]:
@@ -395,34 +380,12 @@ def run(spec: LoadSpec) -> LoadResult:
         return session.round()
 
 
-def merge_percentiles(bucket_lists: Sequence[Sequence[Tuple[int, int]]],
-                      percentiles: Sequence[float] = (50, 90, 95, 99, 99.9), *,
-                      maximum: Optional[int]) -> List[int]:
-    """Percentiles (ns) over several phases' histogram buckets, as the engine's histogram
-    reports them for one phase (native/pcb_hist.c, pcb_hist_percentiles): the highest value of
-    the bucket holding the percentile, never above ``maximum``, the exact largest value the
-    phases recorded (the largest of their ``latency["max"]``; None only where none is known,
-    and then a percentile may exceed the largest value by one bucket's width).  All zeros when
-    no bucket holds anything; ValueError for a percentile outside 0..100."""
-    if not all(0.0 <= p <= 100.0 for p in percentiles):
-        raise ValueError(f"merge_percentiles: percentiles must be within 0..100, not {list(percentiles)}")
-    merged: Dict[int, int] = {}
-    for buckets in bucket_lists:
-        for high, count in buckets:
-            merged[high] = merged.get(high, 0) + count
-    total = sum(merged.values())
-    out: List[int] = []
-    if not total:
-        return [0 for _ in percentiles]
-    items = sorted(merged.items())
-    for p in percentiles:
-        need = max(1.0, p / 100.0 * total)  # <= total: some bucket reaches it
-        seen = 0
-        for high, count in items:
-            seen += count
-            if seen >= need:
-                out.append(high)
-                break
-    if maximum is not None:
-        out = [min(v, maximum) for v in out]
-    return out
+def merged(results: Sequence[LoadResult]) -> Any:
+    """One Histogram of every phase's latencies: percentiles over several rounds are then the
+    same code and the same answer as over one phase with every sample."""
+    total = Histogram()
+    for r in results:
+        if r.histogram is None:
+            raise ValueError("merged: a LoadResult without its histogram")
+        total.merge(r.histogram)
+    return total

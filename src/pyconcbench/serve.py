@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import ipaddress
 import json
 import os
 import resource
@@ -36,7 +35,7 @@ import platform
 import stat
 import sys
 
-from pyconcbench import servers
+from pyconcbench import loopback, servers
 from pyconcbench.procs import EXIT_BROKEN, EXIT_FAILED, EXIT_MISSING, EXIT_UNUSABLE, arm_parent_death
 
 PROG = "pyconcbench.serve"
@@ -103,14 +102,10 @@ def _port(text: str) -> int:
 
 def loopback_address(host: str) -> str:
     """Returns the address to bind for ``host``, or raises Unusable unless it is loopback."""
-    address = "127.0.0.1" if host == "localhost" else host
     try:
-        ip = ipaddress.ip_address(address)
-    except ValueError:
-        raise Unusable("refusing host %r: not an IP address or 'localhost'" % host) from None
-    if not ip.is_loopback:
-        raise Unusable("refusing host %r: not a loopback address (127.0.0.0/8, ::1)" % host)
-    return address
+        return loopback.address(host)
+    except loopback.NotLoopback as exc:
+        raise Unusable(str(exc)) from None
 
 
 def pin(cpu: int) -> None:

@@ -277,12 +277,13 @@ class RoundResult:
 
 
 def percentiles(latencies_ns: Sequence[int], pcts: Sequence[float] = (50, 99)) -> List[int]:
-    """Percentiles (ns) of latency values, by the engine's log-linear histogram."""
+    """Percentiles (ns) of latency values, by the engine's log-linear histogram (the same code
+    the echo family's percentiles come from)."""
     from pyconcbench import _native
 
-    if not latencies_ns:
-        return [0 for _ in pcts]
-    return list(_native.hist_query(list(latencies_ns), list(pcts))["query"])
+    hist = _native.Histogram()
+    hist.record_many(latencies_ns)
+    return hist.percentiles(list(pcts))
 
 
 def _us(ns: float) -> float:
