@@ -12,15 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from .machine import CLK_TCK
-
-
-def _read(path: str) -> Optional[str]:
-    try:
-        with open(path, encoding="ascii", errors="replace") as f:
-            return f.read()
-    except OSError:
-        return None
+from .machine import CLK_TCK, _read
 
 
 # ---- CPU time ----------------------------------------------------------------------------
