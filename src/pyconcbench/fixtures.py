@@ -2,7 +2,8 @@
 turns what it raises into a skip (a package or tool missing here) or a one-line failure
 (everything else, our own code broken included).
 
-    echo_server, echo_bench          pyconcbench.harness + pyconcbench.echo.EchoRunner
+    echo_servers, echo_server,       pyconcbench.harness + pyconcbench.echo.EchoRunner
+    echo_bench                       (+ pyconcbench.ab.ABRunner in an interleaved A/B run)
     ceiling_server, ceiling_bench    pyconcbench.echo.run_ceiling
     zmq_bench                        pyconcbench.zmq.runner.Runner
     switch_bench                     pyconcbench.micro.Runner
@@ -12,11 +13,12 @@ the stash keys they share are here.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import pytest
 
-from . import echo, harness, instruments, loadgen, micro, options
+from . import ab, echo, harness, instruments, loadgen, micro, options
 from . import zmq as pcbzmq
 from .echo import EchoCase, EchoOutcome, EchoRunner
 from .options import Settings
@@ -25,6 +27,11 @@ SETTINGS_KEY = pytest.StashKey[Settings]()
 RESULTS_KEY = pytest.StashKey[List[Dict[str, Any]]]()
 CEILING_KEY = pytest.StashKey[List[Dict[str, Any]]]()
 SWITCH_KEY = pytest.StashKey[List[Dict[str, Any]]]()
+AB_KEY = pytest.StashKey[List[Dict[str, Any]]]()
+
+#: Why the other families skip in an A/B run (only the echo servers run in both environments).
+AB_ONLY_ECHO = ("not measured in an A/B run: only the echo family runs its servers in both environments "
+                "(select tests/bench/test_echo.py)")
 SERVER_REPORTED_KEY = pytest.StashKey[bool]()
 CALL_FAILED_KEY = pytest.StashKey[bool]()
 
@@ -88,60 +95,120 @@ def _call(fn: Callable[[], Any], skip: Tuple[type, ...], fail: Tuple[type, ...],
 
 # ---- echo -----------------------------------------------------------------------------------
 
-@pytest.fixture
-def echo_server(request: pytest.FixtureRequest, echo_case: EchoCase, pcb_settings: Settings):
-    """The server process under test for this case, pinned to the server CPU."""
-    _call(lambda: loadgen.ensure_fd_limit(echo_case.connections), (), (loadgen.FdLimitError,))
-    cpus = pcb_settings.cpus
-    kind = harness.PlainServer if echo_case.plain else harness.ServerProcess
+def _start_echo_server(case: EchoCase, settings: Settings, python: Optional[str] = None,
+                       env: Optional[Dict[str, str]] = None, side: str = "") -> harness.ServerProcess:
+    cpus = settings.cpus
+    kind = harness.PlainServer if case.plain else harness.ServerProcess
+    extra: Dict[str, Any] = {}
+    if python is not None:
+        extra["python"] = python
+    if env:
+        extra["env"] = env
     # Thread-per-connection models take seconds to wind down 10k threads on one CPU.
-    server = kind(echo_case.impl, transport=echo_case.transport, cpu=cpus[0] if cpus else None,
-                  malloc=echo_case.malloc, stop_timeout=max(10.0, echo_case.connections / 500.0))
-    # not installed, not on PATH, not on this Python: a skip; ServerBroken (our own code): a failure
-    _call(server.start, (harness.ServerUnavailable,), (harness.ServerError,))
+    server = kind(case.impl, transport=case.transport, cpu=cpus[0] if cpus else None,
+                  malloc=case.malloc, stop_timeout=max(10.0, case.connections / 500.0), **extra)
+    # not installed, not on PATH, not on this Python: a skip; ServerBroken (our own code): a failure.
+    # In an A/B run, side A or B not having it is a failure: the comparison would be lost silently.
+    where = f"A/B side {side.upper()}: " if side else ""
+    skip = () if side else (harness.ServerUnavailable,)
+    _call(server.start, skip, (harness.ServerError,), where)
+    return server
+
+
+@pytest.fixture
+def echo_servers(request: pytest.FixtureRequest, echo_case: EchoCase,
+                 pcb_settings: Settings) -> Dict[str, harness.ServerProcess]:
+    """The server processes under test for this case, pinned to the server CPU: {"": one} in a
+    normal run, {"a": A's, "b": B's} in an interleaved A/B run (--pcb-ab-a/--pcb-ab-b)."""
+    _call(lambda: loadgen.ensure_fd_limit(echo_case.connections), (), (loadgen.FdLimitError,))
+    started: Dict[str, harness.ServerProcess] = {}
     try:
-        yield server
+        if pcb_settings.ab is None:
+            started[""] = _start_echo_server(echo_case, pcb_settings)
+        else:
+            for side, environment in pcb_settings.ab.items():
+                started[side] = _start_echo_server(echo_case, pcb_settings, environment.python,
+                                                   environment.env, side)
+        yield started
     finally:
         failure = None
-        try:
-            server.stop()
-        except harness.ServerError as exc:
-            # once per test: not again when the test itself already failed on it
-            if not (request.node.stash.get(SERVER_REPORTED_KEY, False)
-                    or request.node.stash.get(CALL_FAILED_KEY, False)):
-                failure = f"{echo_case.id}: {exc}"
+        for side, server in started.items():
+            try:
+                server.stop()
+            except harness.ServerError as exc:
+                # once per test: not again when the test itself already failed on it
+                if failure is None and not (request.node.stash.get(SERVER_REPORTED_KEY, False)
+                                            or request.node.stash.get(CALL_FAILED_KEY, False)):
+                    failure = f"{echo_case.id}: " + (f"A/B side {side.upper()}: " if side else "") + str(exc)
         if failure is not None:
             _fail(failure)
 
 
 @pytest.fixture
-def echo_bench(request: pytest.FixtureRequest, benchmark: Any, echo_case: EchoCase,
-               echo_server: harness.ServerProcess, pcb_settings: Settings,
-               pcb_probe_baseline: Optional[float],
-               pcb_speed_gauge: Optional[instruments.SpeedGauge]) -> Callable[[], EchoOutcome]:
-    """Call it to run the measured rounds; returns the EchoOutcome (also in extra_info)."""
+def echo_server(echo_servers: Dict[str, harness.ServerProcess], pcb_settings: Settings) -> harness.ServerProcess:
+    """The one server process under test for this case (a normal run's; an A/B run has two:
+    ask for echo_servers)."""
+    if "" not in echo_servers:
+        _fail("this test uses echo_server, the one server of a normal run; an A/B run starts two "
+              "(echo_servers)")
+    return echo_servers[""]
 
-    def run() -> EchoOutcome:
+
+@dataclass
+class EchoRun:
+    """What echo_bench measured: ``sides`` maps "" (a normal run) or "a"/"b" (an A/B run) to
+    (EchoOutcome, the server it measured); ``ab`` is the A/B outcome, or None."""
+
+    sides: Dict[str, Tuple[EchoOutcome, harness.ServerProcess]]
+    ab: Optional[Any] = None
+    extra: Dict[str, Any] = field(default_factory=dict)  # what was saved as extra_info
+
+
+@pytest.fixture
+def echo_bench(request: pytest.FixtureRequest, benchmark: Any, echo_case: EchoCase,
+               echo_servers: Dict[str, harness.ServerProcess], pcb_settings: Settings,
+               pcb_probe_baseline: Optional[float],
+               pcb_speed_gauge: Optional[instruments.SpeedGauge]) -> Callable[[], EchoRun]:
+    """Call it to run the measured rounds; returns an EchoRun (the saved record in extra_info)."""
+
+    def run() -> EchoRun:
         if pcb_settings.syscalls and echo.syscall_tool() is None:
             pytest.skip("--pcb-syscalls needs perf (linux-perf) or strace on PATH")
-        runner = EchoRunner(pcb_settings, echo_case, echo_server, pcb_probe_baseline, pcb_speed_gauge)
+        if pcb_settings.ab is not None and pcb_settings.syscalls:
+            _fail("--pcb-syscalls is not available in an A/B run: count syscalls in a normal run")
         failure = None
+        result = None
         try:
-            outcome = runner.run(benchmark)
+            if pcb_settings.ab is None:
+                server = echo_servers[""]
+                runner = EchoRunner(pcb_settings, echo_case, server, pcb_probe_baseline, pcb_speed_gauge)
+                outcome = runner.run(benchmark)
+                result = EchoRun({"": (outcome, server)}, extra=outcome.extra)
+            else:
+                ab_runner = ab.ABRunner(pcb_settings, echo_case, echo_servers, pcb_settings.ab,
+                                        pcb_probe_baseline, pcb_speed_gauge)
+                out = ab_runner.run(benchmark)
+                result = EchoRun({s: (out.sides[s], echo_servers[s]) for s in ab.SIDES}, out, out.extra)
+        except ab.ABError as exc:
+            failure = f"{echo_case.id}: {exc}"
         except loadgen.LoadError as exc:
             failure = f"{echo_case.id}: {exc}"
-            try:
-                echo_server.check_alive()
-            except harness.ServerError as died:
-                failure = f"{echo_case.id}: the server died during the load ({exc}): {died}"
-                request.node.stash[SERVER_REPORTED_KEY] = True
+            for side, server in echo_servers.items():
+                try:
+                    server.check_alive()
+                except harness.ServerError as died:
+                    where = f"A/B side {side.upper()}: " if side else ""
+                    failure = f"{echo_case.id}: {where}the server died during the load ({exc}): {died}"
+                    request.node.stash[SERVER_REPORTED_KEY] = True
+                    break
         except harness.ServerError as exc:
             failure = f"{echo_case.id}: {exc}"
             request.node.stash[SERVER_REPORTED_KEY] = True
         if failure is not None:
             _fail(failure)  # outside the except blocks: no chained traceback
-        request.config.stash[RESULTS_KEY].append(outcome.extra)
-        return outcome
+        key = RESULTS_KEY if result.ab is None else AB_KEY
+        request.config.stash[key].append(result.extra)
+        return result
 
     return run
 
@@ -160,6 +227,8 @@ def ceiling_bench(request: pytest.FixtureRequest, benchmark: Any, ceiling_connec
     """Call it to measure the load generator's ceiling; returns the extra_info dict."""
 
     def run() -> Dict[str, Any]:
+        if pcb_settings.ab is not None:
+            pytest.skip(AB_ONLY_ECHO)
         extra = _call(lambda: echo.run_ceiling(pcb_settings, ceiling_server, ceiling_connections,
                                                benchmark.pedantic),
                       (), (loadgen.LoadError, harness.ServerError), f"loadgen_ceiling c{ceiling_connections}: ")
@@ -182,6 +251,8 @@ def zmq_bench(benchmark: Any, zmq_case: Any, pcb_settings: Settings, pcb_probe_b
     from .zmq.runner import Runner
 
     def run() -> Dict[str, Any]:
+        if pcb_settings.ab is not None:
+            pytest.skip(AB_ONLY_ECHO)
         cpus = pcb_settings.cpus
         if cpus is None and zmq_case.placement != pcbzmq.DEFAULT_PLACEMENT:
             pytest.skip(f"pinning off (--pcb-cpus none): the {zmq_case.placement} placement needs two CPUs")
@@ -206,6 +277,8 @@ def switch_bench(request: pytest.FixtureRequest, benchmark: Any, switch_case: An
     toolchain is a skip; Go baselines that do not build, or a failed workload, a failure."""
 
     def run() -> Dict[str, Any]:
+        if pcb_settings.ab is not None:
+            pytest.skip(AB_ONLY_ECHO)
         runner = micro.Runner(switch_case, pcb_settings.cpus)
         # not installed, not on PATH, one CPU: a skip; the Go baselines do not build: a failure
         _call(runner.check_available, (micro.Unavailable,), (micro.Broken,), f"{switch_case.id}: ")

@@ -3,7 +3,7 @@ the reports read from it (its key in extra_info, where its per-round samples are
 which way is better, how it is printed).
 
 Every benchmark the suite saves is stamped ``pcb_family`` (``echo``, ``ceiling``, ``switch``,
-``zmq``) and ``pcb_schema`` (``SCHEMA_VERSION``) in its extra_info.  (The switch family's own
+``zmq``, ``ab``: an interleaved A/B echo case, see ``pyconcbench.ab``) and ``pcb_schema`` (``SCHEMA_VERSION``) in its extra_info.  (The switch family's own
 ``family`` key is the language -- python, native, go -- hence the prefix.)  Runs saved before
 the stamp existed (schema 0) are recognised by the keys they hold.  A schema newer than this
 code is refused: ``SchemaError``, one line.  No pytest, no workload here: the report and the
@@ -18,8 +18,8 @@ SCHEMA_VERSION = 1
 FAMILY_KEY = "pcb_family"
 SCHEMA_KEY = "pcb_schema"
 
-ECHO, CEILING, SWITCH, ZMQ = "echo", "ceiling", "switch", "zmq"
-FAMILIES = (ECHO, CEILING, SWITCH, ZMQ)
+ECHO, CEILING, SWITCH, ZMQ, AB = "echo", "ceiling", "switch", "zmq", "ab"
+FAMILIES = (ECHO, CEILING, SWITCH, ZMQ, AB)
 OTHER = "other"
 
 

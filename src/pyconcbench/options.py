@@ -166,6 +166,11 @@ def parse_alpha(text: str) -> float:
     return value
 
 
+def parse_ab_env(text: str) -> Dict[str, str]:
+    from . import ab
+    return ab.parse_env(text)
+
+
 def parse_profile(text: str) -> str:
     if text not in PROFILES:
         raise ValueError(f"{text!r} is not a profile ({', '.join(PROFILES)})")
@@ -276,6 +281,13 @@ OPTIONS: Dict[str, Tuple[Callable[[str], Any], Optional[str], str, str]] = {
                    "over the per-round samples", "P"),
     "gate-markdown": (str, None, "append the gate's Markdown summary to this file (e.g. $GITHUB_STEP_SUMMARY)",
                       "FILE"),
+    "ab-a": (str, None, "interleaved A/B run: the echo servers of side A run with this Python executable "
+             "or venv directory (the one it compares against); needs --pcb-ab-b", "PYTHON_OR_VENV"),
+    "ab-b": (str, None, "interleaved A/B run: side B's Python executable or venv directory (the one under "
+             "test); each echo case alternates A's and B's rounds (ABBA) and saves B/A with its interval",
+             "PYTHON_OR_VENV"),
+    "ab-a-env": (parse_ab_env, None, "environment variables added for side A's servers: NAME=VALUE,...", "VARS"),
+    "ab-b-env": (parse_ab_env, None, "environment variables added for side B's servers: NAME=VALUE,...", "VARS"),
     "allow-machine-change": (parse_bool, "no", "gate even when the baseline's CPU model, CPU count, kernel "
                              "or Python differ from this machine's", "yes|no"),
 }
@@ -300,6 +312,7 @@ class Settings:
     fail_alpha: float = 0.05
     gate_markdown: Optional[str] = None
     allow_machine_change: bool = False
+    ab: Optional[Dict[str, Any]] = None  # "a"/"b" -> ab.Environment in an interleaved A/B run
     pinning_note: str = ""
     sources: Dict[str, str] = field(default_factory=dict)
 
@@ -358,6 +371,9 @@ def resolve(raw: Callable[[str], Tuple[Optional[str], str]]) -> Settings:
         raise OptionError(
             f"{sources['conns']}: {too_many[0]} connections do not fit: one process holds at most "
             f"{top} sockets here (ulimit -n hard limit {loadgen.fd_limit()[1]}); use 'max'")
+    ab_envs = None
+    if values["ab-a"] is not None or values["ab-b"] is not None:
+        ab_envs = _ab_environments(values, sources)
     cpus = values["cpus"]
     if cpus is None:
         note = f"pinning off ({sources['cpus']})"
@@ -388,6 +404,25 @@ def resolve(raw: Callable[[str], Tuple[Optional[str], str]]) -> Settings:
         fail_alpha=values["fail-alpha"],
         gate_markdown=values["gate-markdown"],
         allow_machine_change=values["allow-machine-change"],
+        ab=ab_envs,
         pinning_note=note,
         sources=sources,
     )
+
+
+def _ab_environments(values: Dict[str, Any], sources: Dict[str, str]) -> Dict[str, Any]:
+    """Both sides of an A/B run, resolved and asked to describe themselves; OptionError (one
+    line, naming the option) when one is missing or cannot run the servers."""
+    from . import ab
+    missing = [f"--pcb-ab-{s}" for s in ab.SIDES if values[f"ab-{s}"] is None]
+    if missing:
+        given = [s for s in ab.SIDES if values[f"ab-{s}"] is not None][0]
+        raise OptionError(f"{sources['ab-' + given]}: an A/B run needs both sides: add {missing[0]} "
+                          "(a Python executable or venv directory; the same one for an A/A run)")
+    out = {}
+    for side in ab.SIDES:
+        try:
+            out[side] = ab.environment(side, values[f"ab-{side}"], values[f"ab-{side}-env"])
+        except ab.ABError as exc:
+            raise OptionError(f"{sources['ab-' + side]}: {exc}") from None
+    return out

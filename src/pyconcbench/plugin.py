@@ -14,8 +14,9 @@ import pytest
 
 from . import echo, fixtures, gate_plugin, machine, micro, options, rounds
 from . import zmq as pcbzmq
-from .fixtures import CALL_FAILED_KEY, CEILING_KEY, RESULTS_KEY, SETTINGS_KEY, SWITCH_KEY
+from .fixtures import AB_KEY, CALL_FAILED_KEY, CEILING_KEY, RESULTS_KEY, SETTINGS_KEY, SWITCH_KEY
 from .options import Settings
+from .report.ab_tables import table_lines as ab_table
 from .report.echo_tables import ceiling_table, echo_table, syscall_table
 from .report.switch_tables import table as switch_table
 
@@ -64,6 +65,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[RESULTS_KEY] = []
     config.stash[CEILING_KEY] = []
     config.stash[SWITCH_KEY] = []
+    config.stash[AB_KEY] = []
     config.pluginmanager.register(fixtures, "pyconcbench-fixtures")
     config.pluginmanager.register(gate_plugin, "pyconcbench-gate-markers")  # the pcb_fail_on marker's hooks
     if settings.fail_on:
@@ -75,7 +77,10 @@ def pytest_report_header(config: pytest.Config) -> List[str]:
     if settings is None:
         return []
     rounds_ = settings.rounds or "the profile's"
-    return [f"pyconcbench: profile {settings.profile}, {rounds_} rounds, {settings.pinning_note}"]
+    lines = [f"pyconcbench: profile {settings.profile}, {rounds_} rounds, {settings.pinning_note}"]
+    if settings.ab is not None:
+        lines += [f"pyconcbench A/B: {env.label}" for env in settings.ab.values()]
+    return lines
 
 
 # ---- parametrization -----------------------------------------------------------------------
@@ -129,6 +134,8 @@ def pytest_benchmark_update_machine_info(config: pytest.Config, machine_info: Di
             "cpus": list(settings.cpus) if settings.cpus else None,
             "pinning": settings.pinning_note, "noise_retries": settings.noise_retries,
         }
+        if settings.ab is not None:
+            machine_info["pyconcbench"]["ab"] = {s: env.as_dict() for s, env in settings.ab.items()}
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
@@ -137,6 +144,11 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     if rows or ceiling:
         terminalreporter.write_sep("-", "pyconcbench echo results")
         for line in echo_table(rows or []) + syscall_table(rows or []) + ceiling_table(ceiling or []):
+            terminalreporter.write_line(line)
+    ab_rows = config.stash.get(AB_KEY, None)
+    if ab_rows:
+        terminalreporter.write_sep("-", "pyconcbench interleaved A/B (echo)")
+        for line in ab_table(ab_rows):
             terminalreporter.write_line(line)
     switch = config.stash.get(SWITCH_KEY, None)
     if switch:

@@ -1,13 +1,16 @@
-"""Small statistics over per-round samples: the 95 % interval the reports print, and the
-one-sided Mann-Whitney U test the regression gate uses.  No SciPy: the sample sizes are the
-rounds of one benchmark (3 to a few dozen), where exact enumeration is cheap.
+"""Small statistics over per-round samples: the 95 % interval the reports print, the
+one-sided Mann-Whitney U test the regression gate uses, the paired interval of an A/B run
+(Hodges-Lehmann with the exact Wilcoxon signed-rank interval) and the family-wise corrections
+(Holm, Benjamini-Hochberg).  No SciPy: the sample sizes are the rounds of one benchmark (3 to a
+few dozen), where exact enumeration is cheap.
 """
 from __future__ import annotations
 
 import itertools
 import math
 import statistics
-from typing import Optional, Sequence, Tuple
+from dataclasses import dataclass
+from typing import List, Optional, Sequence, Tuple
 
 #: Two-sided 97.5 % quantiles of Student's t for 1..30 degrees of freedom.
 _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
@@ -88,6 +91,92 @@ def mann_whitney_less(x: Sequence[float], y: Sequence[float]) -> float:
         return 1.0
     z = (observed - n1 * n2 / 2.0 + 0.5) / math.sqrt(var)
     return 0.5 * math.erfc(-z / math.sqrt(2.0))
+
+
+def signed_rank_cdf(n: int) -> List[float]:
+    """P(T+ <= t) for t = 0 .. n(n+1)/2: the exact null distribution of the Wilcoxon
+    signed-rank statistic over ``n`` pairs without ties (each rank's sign a fair coin)."""
+    if n < 1:
+        raise ValueError("signed_rank_cdf: need at least one pair")
+    top = n * (n + 1) // 2
+    ways = [1] + [0] * top  # ways[t]: subsets of ranks 1..k summing to t
+    for k in range(1, n + 1):
+        for t in range(top, k - 1, -1):
+            ways[t] += ways[t - k]
+    total = float(2 ** n)
+    out, seen = [], 0
+    for w in ways:
+        seen += w
+        out.append(seen / total)
+    return out
+
+
+@dataclass(frozen=True)
+class PairedInterval:
+    """The Hodges-Lehmann estimate of the pseudo-median of paired differences, and the
+    distribution-free interval around it (exact Wilcoxon signed rank).  ``confidence`` is the
+    interval's exact coverage: at least the one asked for when the pairs allow it; with few
+    pairs the widest interval there is ([min, max]) and its coverage, which is lower."""
+
+    estimate: float
+    low: float
+    high: float
+    confidence: float
+    pairs: int
+
+
+def paired_interval(differences: Sequence[float], confidence: float = 0.95) -> PairedInterval:
+    """``differences``: one value per pair (here the log of B's round over A's adjacent one).
+    The estimate is the median of the Walsh averages (x_i + x_j) / 2, i <= j; the interval runs
+    from the d-th smallest to the d-th largest of them, d the largest with
+    P(T+ <= d - 1) <= (1 - confidence) / 2 (Hollander & Wolfe, ch. 3)."""
+    xs = [float(x) for x in differences]
+    n = len(xs)
+    if n < 1:
+        raise ValueError("paired_interval: need at least one pair")
+    if not all(math.isfinite(x) for x in xs):
+        raise ValueError("paired_interval: the differences must be finite numbers")
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"paired_interval: confidence must be within (0, 1), got {confidence!r}")
+    walsh = sorted((xs[i] + xs[j]) / 2.0 for i in range(n) for j in range(i, n))
+    m = len(walsh)
+    cdf = signed_rank_cdf(n)
+    tail = (1.0 - confidence) / 2.0
+    d = 1
+    while d < m and cdf[d] <= tail + 1e-12:  # cdf[d] = P(T+ <= d)
+        d += 1
+    # d is the largest with P(T+ <= d - 1) <= tail, or 1 when even that is not reached
+    coverage = max(0.0, 1.0 - 2.0 * cdf[d - 1])
+    return PairedInterval(estimate=statistics.median(walsh), low=walsh[d - 1], high=walsh[m - d],
+                          confidence=coverage, pairs=n)
+
+
+def holm(p_values: Sequence[float]) -> List[float]:
+    """Holm-Bonferroni adjusted p-values (same order as given): reject where adjusted <= alpha
+    and the family-wise error rate is at most alpha, whatever the dependence between tests."""
+    m = len(p_values)
+    order = sorted(range(m), key=lambda i: p_values[i])
+    out = [1.0] * m
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p_values[i]))
+        out[i] = running
+    return out
+
+
+def benjamini_hochberg(p_values: Sequence[float]) -> List[float]:
+    """Benjamini-Hochberg adjusted p-values (same order): reject where adjusted <= q and the
+    expected share of false alarms among the alarms is at most q (independent or positively
+    dependent tests)."""
+    m = len(p_values)
+    order = sorted(range(m), key=lambda i: p_values[i], reverse=True)
+    out = [1.0] * m
+    running = 1.0
+    for k, i in enumerate(order):
+        rank = m - k  # 1-based rank in ascending order
+        running = min(running, p_values[i] * m / rank)
+        out[i] = min(1.0, running)
+    return out
 
 
 def fit_line(xs: Sequence[float], ys: Sequence[float]) -> Tuple[float, float, float]:

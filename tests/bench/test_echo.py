@@ -11,8 +11,15 @@ import pytest
 pytestmark = pytest.mark.timeout(7200)
 
 
-def test_echo(echo_case, echo_server, echo_bench):
-    outcome = echo_bench()
+def test_echo(echo_case, echo_servers, echo_bench):
+    run = echo_bench()
+    for side, (outcome, server) in run.sides.items():
+        check_outcome(echo_case, outcome, server)
+    if run.ab is not None:
+        check_ab(run)
+
+
+def check_outcome(echo_case, outcome, server):
     extra = outcome.extra
     rounds = extra["rounds"]
 
@@ -36,9 +43,24 @@ def test_echo(echo_case, echo_server, echo_bench):
 
     # The server saw every connection and echoed at least every verified byte (a plain
     # reference server counts nothing: the load generator verified every byte it echoed).
-    usage = echo_server.stop()
+    usage = server.stop()
     if echo_case.plain:
         assert usage is None
     else:
         assert usage.accepted >= echo_case.connections
         assert usage.bytes >= outcome.completed * echo_case.size
+
+
+def check_ab(run):
+    """An interleaved A/B case: as many rounds on each side as pairs, in ABBA order, and each
+    pair's ratio is B's round over A's adjacent one."""
+    extra = run.extra
+    a, b = run.sides["a"][0].extra, run.sides["b"][0].extra
+    pairs = extra["pairs"]
+    assert len(pairs) == len(a["rounds"]) == len(b["rounds"]) >= 1
+    assert extra["order"] == "".join(("AB", "BA")[i % 2] for i in range(len(pairs)))
+    for pair, ra, rb in zip(pairs, a["rounds"], b["rounds"]):
+        assert pair["msgs_per_s"] == pytest.approx(rb["msgs_per_s"] / ra["msgs_per_s"], rel=1e-4)
+    iv = extra["intervals"]["msgs_per_s"]
+    assert iv["low"] <= iv["ratio"] <= iv["high"] and iv["pairs"] == len(pairs)
+    assert extra["a"]["environment"]["python"] and extra["b"]["environment"]["python"]

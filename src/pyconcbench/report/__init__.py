@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from pyconcbench import stats
-from pyconcbench.report import echo_tables as summary
+from pyconcbench.report import ab_tables, echo_tables as summary
 from pyconcbench.stats import STARVING_SHARE
 from pyconcbench.report.switch_tables import fmt_ns
 from pyconcbench.report.results import Families, Run, split
@@ -409,6 +409,20 @@ def zmq_section(zmq: Sequence[Dict[str, Any]]) -> Optional[Section]:
     return sec
 
 
+# ---- A/B ----------------------------------------------------------------------------------
+
+def ab_section(benches: Sequence[Dict[str, Any]]) -> Optional[Section]:
+    """Interleaved A/B echo cases: B/A per case with its interval (report.ab_tables)."""
+    if not benches:
+        return None
+    infos = [b["extra_info"] for b in benches]
+    sec = Section("Interleaved A/B (echo)")
+    sec.text = [f"- {line}" for line in ab_tables.environments(infos)]
+    sec.tables.append(Table("B against A, per case", list(ab_tables.HEAD), ab_tables.rows(infos), ab_tables.NOTE,
+                            right=[False] + [True] * (len(ab_tables.HEAD) - 2) + [False]))
+    return sec
+
+
 # ---- header -------------------------------------------------------------------------------
 
 def header_lines(runs: Sequence[Run]) -> List[str]:
@@ -434,7 +448,7 @@ def header_lines(runs: Sequence[Run]) -> List[str]:
 # ---- whole reports ------------------------------------------------------------------------
 
 def sections(fams: Families) -> List[Section]:
-    out = [s for s in (echo_section(fams.echo, fams.ceiling), switch_section(fams.switch),
+    out = [s for s in (ab_section(fams.ab), echo_section(fams.echo, fams.ceiling), switch_section(fams.switch),
                        zmq_section(fams.zmq)) if s is not None]
     return out
 

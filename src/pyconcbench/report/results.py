@@ -139,7 +139,7 @@ def _query(folder: Path, name: Optional[str]) -> List[Run]:
 # ---- families ---------------------------------------------------------------------------
 
 def family(bench: Dict[str, Any]) -> str:
-    """'echo', 'ceiling', 'switch', 'zmq' or 'other': the benchmark's stamp, or for a run saved
+    """'echo', 'ceiling', 'switch', 'zmq', 'ab' or 'other': the benchmark's stamp, or for a run saved
     before it, by what its extra_info holds (pyconcbench.metrics); ResultsError for a schema
     this code cannot read."""
     try:
@@ -154,6 +154,7 @@ class Families:
     ceiling: List[Dict[str, Any]] = field(default_factory=list)
     switch: List[Dict[str, Any]] = field(default_factory=list)
     zmq: List[Dict[str, Any]] = field(default_factory=list)
+    ab: List[Dict[str, Any]] = field(default_factory=list)
     other: List[Dict[str, Any]] = field(default_factory=list)
 
 

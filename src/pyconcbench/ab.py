@@ -1,0 +1,325 @@
+"""Interleaved A/B runs of the echo workload: two environments' servers measured round by round
+in one run, on the same CPUs, by the same load generator.
+
+Comparing two separate runs fights the machine's drift (this kind of VM runs 1.2-1.7x slower
+for seconds at a time, and same-code runs an hour apart differ by up to 20 %).  Here every
+case starts a server from environment A and one from environment B (another interpreter or
+venv: a uvloop PR build against its main, Python 3.12 against 3.13; or other environment
+variables), keeps a set of connections open to each, and alternates their measured rounds in a
+balanced order -- A B, B A, A B, B A ... -- so that each pair of adjacent rounds shares the
+machine's state of the moment and any drift hits both orders equally.  Each pair gives a
+ratio B/A per metric; the verdict is the Hodges-Lehmann estimate of the pairs' log-ratios with
+its exact Wilcoxon signed-rank interval (``stats.paired_interval``): "B is 4.1 % slower
+[2.8 %, 5.6 %]".  The gate fails a metric only when the whole interval lies beyond its
+threshold.
+
+    options (--pcb-ab-a/--pcb-ab-b, PCB_AB_A/PCB_AB_B) -> Environment (resolved, described)
+    echo case -> ABRunner(two servers, two LoadSessions, echo.EchoRunner each) -> extra_info
+              (family "ab": both sides' echo figures, the pairs, the intervals)
+
+No pytest here: the plugin's fixtures wire it.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from . import metrics, stats
+
+SIDES = ("a", "b")
+
+#: The per-round figures a pair compares (the gate's metric name -> the round's key) and
+#: whether higher is better; each is saved as B/A per pair and summarised by its interval.
+PAIR_METRICS: Dict[str, Tuple[str, bool]] = {
+    "msgs_per_s": ("msgs_per_s", True),
+    "latency_p50": ("latency_p50_us", False),
+    "latency_p90": ("latency_p90_us", False),
+    "latency_p95": ("latency_p95_us", False),
+    "latency_p99": ("latency_p99_us", False),
+    "server_cpu_us_per_msg": ("server_cpu_us_per_msg", False),
+}
+
+#: The interval's coverage asked for; with few pairs the exact interval cannot reach it and
+#: the coverage it has is saved and printed beside it.
+CONFIDENCE = 0.95
+
+#: Pairs per case when --pcb-rounds is not given: twice the profile's rounds (each side then
+#: runs that many rounds); 5 pairs cannot give a 95 % interval (the widest has 93.75 %).
+PAIRS_PER_ROUND = 2
+
+
+class ABError(ValueError):
+    """An A/B environment that cannot be used, in one line naming the side."""
+
+
+# Runs in the side's interpreter: what it is, and whether it can run our servers at all.
+_DESCRIBE = r"""
+import json, platform, sys
+out = {"executable": sys.executable, "python": sys.version.split()[0],
+       "implementation": platform.python_implementation()}
+try:
+    import pyconcbench, pyconcbench.serve
+    from pyconcbench import machine
+except Exception as exc:
+    out["error"] = "%s: %s" % (type(exc).__name__, exc)
+else:
+    out["pyconcbench"] = pyconcbench.__version__
+    out["pyconcbench_path"] = pyconcbench.__file__
+    out["libraries"] = machine.collect_versions()
+print(json.dumps(out))
+"""
+
+
+@dataclass(frozen=True)
+class Environment:
+    """One side of an A/B run: the interpreter its servers run with, the environment variables
+    added for them, and what the interpreter said about itself (``described``)."""
+
+    side: str
+    given: str                 #: as the user wrote it
+    python: str                #: the interpreter's path
+    env: Dict[str, str] = field(default_factory=dict)
+    described: Dict[str, Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def label(self) -> str:
+        d = self.described
+        extra = "".join(f" {k}={v}" for k, v in sorted(self.env.items()))
+        return f"{self.side.upper()}: {self.given} (Python {d.get('python', '?')}){extra}"
+
+    def as_dict(self) -> Dict[str, Any]:
+        return {"given": self.given, "python": self.python, "env": dict(self.env), **self.described}
+
+
+def interpreter(side: str, given: str) -> str:
+    """The interpreter of ``given``: a venv (or any prefix) directory with bin/python, a Python
+    executable's path, or a command name on PATH.  ABError in one line otherwise."""
+    text = given.strip()
+    if not text:
+        raise ABError(f"A/B side {side.upper()}: empty; give a Python executable or a venv directory")
+    if os.path.isdir(text):
+        for name in ("bin/python", "bin/python3"):
+            candidate = os.path.join(text, name)
+            if os.access(candidate, os.X_OK):
+                return os.path.abspath(candidate)
+        raise ABError(f"A/B side {side.upper()}: {text!r} is a directory without bin/python: not a venv")
+    if os.sep in text:
+        if os.path.isfile(text) and os.access(text, os.X_OK):
+            return os.path.abspath(text)
+        raise ABError(f"A/B side {side.upper()}: {text!r} is not an executable file")
+    found = shutil.which(text)
+    if found is None:
+        raise ABError(f"A/B side {side.upper()}: {text!r} is neither a venv directory, an executable "
+                      "nor a command on PATH")
+    return found
+
+
+def parse_env(text: str) -> Dict[str, str]:
+    """'K=V,K2=V2' -> {K: V, K2: V2}; an empty text is {}.  ValueError for an item without '='
+    or with a name that is not an environment variable's."""
+    out: Dict[str, str] = {}
+    for item in (p.strip() for p in text.split(",")):
+        if not item:
+            continue
+        name, sep, value = item.partition("=")
+        name = name.strip()
+        if not sep or not name or not (name[0].isalpha() or name[0] == "_") \
+                or not all(c.isalnum() or c == "_" for c in name):
+            raise ValueError(f"{item!r} is not NAME=VALUE (e.g. MALLOC_ARENA_MAX=2)")
+        out[name] = value
+    return out
+
+
+def describe(side: str, python: str, env: Dict[str, str], timeout: float = 60.0) -> Dict[str, Any]:
+    """Asks the interpreter what it is and whether it imports pyconcbench.serve; ABError (one
+    line) when it cannot run or cannot import it."""
+    run_env = dict(os.environ)
+    run_env.update(env)
+    try:
+        proc = subprocess.run([python, "-c", _DESCRIBE], capture_output=True, text=True,
+                              timeout=timeout, env=run_env, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ABError(f"A/B side {side.upper()}: {python} did not run: {exc}") from None
+    last = (proc.stderr.strip().splitlines() or [""])[-1]
+    if proc.returncode != 0:
+        raise ABError(f"A/B side {side.upper()}: {python} exited with {proc.returncode}: {last}")
+    try:
+        out = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise ABError(f"A/B side {side.upper()}: {python} did not describe itself: {last or proc.stdout[:200]!r}") \
+            from None
+    if "error" in out:
+        raise ABError(f"A/B side {side.upper()}: {python} cannot import pyconcbench.serve ({out['error']}): "
+                      f"install pyconcbench in that environment ({python} -m pip install PATH_TO_THIS_PROJECT)")
+    return out
+
+
+def environment(side: str, given: str, env: Optional[Dict[str, str]] = None) -> Environment:
+    """One side resolved (``interpreter``) and described (``describe``); ABError in one line."""
+    env = dict(env or {})
+    python = interpreter(side, given)
+    return Environment(side=side, given=given, python=python, env=env,
+                       described=describe(side, python, env))
+
+
+# ---- the verdict ----------------------------------------------------------------------------
+
+def order(pair: int) -> str:
+    """The order of pair ``pair`` (0-based): AB, BA, AB, BA ... -- ABBA blocks."""
+    return "ab" if pair % 2 == 0 else "ba"
+
+
+def pair_ratios(a_rounds: Sequence[Dict[str, Any]], b_rounds: Sequence[Dict[str, Any]],
+                orders: Sequence[str]) -> List[Dict[str, Any]]:
+    """One dict per pair: its order, and B/A of every PAIR_METRICS figure both rounds have."""
+    if not len(a_rounds) == len(b_rounds) == len(orders):
+        raise ValueError(f"pair_ratios: {len(a_rounds)} A rounds, {len(b_rounds)} B rounds, "
+                         f"{len(orders)} orders: they must be as many")
+    out = []
+    for a, b, o in zip(a_rounds, b_rounds, orders):
+        pair: Dict[str, Any] = {"order": o.upper()}
+        for name, (key, _) in PAIR_METRICS.items():
+            va, vb = a.get(key), b.get(key)
+            if isinstance(va, (int, float)) and isinstance(vb, (int, float)) and va > 0 and vb > 0:
+                pair[name] = round(vb / va, 6)
+        out.append(pair)
+    return out
+
+
+def intervals(pairs: Sequence[Dict[str, Any]], confidence: float = CONFIDENCE) -> Dict[str, Dict[str, Any]]:
+    """metric -> {ratio, low, high, confidence, pairs}: the Hodges-Lehmann B/A and its
+    interval, computed on log-ratios (so B/A and A/B are symmetric) and given back as ratios."""
+    out: Dict[str, Dict[str, Any]] = {}
+    for name in PAIR_METRICS:
+        logs = [math.log(p[name]) for p in pairs if isinstance(p.get(name), (int, float)) and p[name] > 0]
+        if not logs:
+            continue
+        iv = stats.paired_interval(logs, confidence)
+        out[name] = {"ratio": round(math.exp(iv.estimate), 6), "low": round(math.exp(iv.low), 6),
+                     "high": round(math.exp(iv.high), 6), "confidence": round(iv.confidence, 4),
+                     "pairs": iv.pairs}
+    return out
+
+
+def describe_ratio(metric: str, iv: Dict[str, Any]) -> str:
+    """'B is 4.1 % slower [2.8 %, 5.6 %]' in the metric's own words."""
+    higher_better = PAIR_METRICS[metric][1]
+    est, low, high = ((iv[k] - 1.0) * 100.0 for k in ("ratio", "low", "high"))
+    if higher_better:
+        word = "slower" if est < 0 else "faster"
+    else:
+        word = "worse" if est > 0 else "better"
+    if low * high > 0:  # the interval is on one side of 0: say it in the same words
+        a, b = sorted((abs(low), abs(high)))
+        span = f"[{a:.1f} %, {b:.1f} %]"
+    else:
+        span = f"[{low:+.1f} %, {high:+.1f} %]"
+    return f"B {abs(est):.1f} % {word} {span} ({iv['confidence'] * 100:.1f} % interval, {iv['pairs']} pairs)"
+
+
+def verdict(metric: str, iv: Dict[str, Any], threshold: Optional[float]) -> str:
+    """regression: the whole interval is worse than the threshold; improved: the whole interval
+    is better by more than it; differs: the interval excludes 1 but not the threshold;
+    unchanged: it includes 1.  ``threshold`` None: 'not gated' (the figures are still saved)."""
+    higher_better = PAIR_METRICS[metric][1]
+    low, high = iv["low"], iv["high"]
+    # as "worse by": > 0 worse
+    worse_low, worse_high = ((1 - high, 1 - low) if higher_better else (low - 1, high - 1))
+    if threshold is None:
+        return "not gated"
+    if worse_low > threshold:
+        return "regression"
+    if worse_high < -threshold:
+        return "improved"
+    if worse_low > 0 or worse_high < 0:
+        return "differs"
+    return "unchanged"
+
+
+def ab_extra(case: Any, environments: Dict[str, Environment], sides: Dict[str, Dict[str, Any]],
+             orders: Sequence[str]) -> Dict[str, Any]:
+    """The saved record of one A/B case: both sides' echo figures, the pairs and the intervals."""
+    pairs = pair_ratios(sides["a"]["rounds"], sides["b"]["rounds"], orders)
+    ivs = intervals(pairs)
+    return {
+        **metrics.stamp(metrics.AB),
+        "impl": case.impl,
+        "label": case.label,
+        "connections": case.connections,
+        "size": case.size,
+        "transport": case.transport,
+        "malloc": case.malloc,
+        "plain": case.plain,
+        "order": "".join(o.upper() for o in orders),
+        "pairs": pairs,
+        "intervals": ivs,
+        "confidence_asked": CONFIDENCE,
+        "method": ("per pair of adjacent rounds B/A; Hodges-Lehmann estimate of the log-ratios with the "
+                   "exact Wilcoxon signed-rank interval"),
+        "a": {"environment": environments["a"].as_dict(), **_side(sides["a"])},
+        "b": {"environment": environments["b"].as_dict(), **_side(sides["b"])},
+        # the headline the gate and the report read first
+        "ratio_msgs_per_s": ivs.get("msgs_per_s", {}).get("ratio"),
+    }
+
+
+def _side(extra: Dict[str, Any]) -> Dict[str, Any]:
+    return {k: v for k, v in extra.items() if k not in (metrics.FAMILY_KEY, metrics.SCHEMA_KEY)}
+
+
+# ---- the runner -----------------------------------------------------------------------------
+
+@dataclass
+class ABOutcome:
+    """What an A/B case measured: each side's EchoOutcome, and the saved record."""
+
+    sides: Dict[str, Any]      #: "a"/"b" -> echo.EchoOutcome
+    orders: List[str]
+    extra: Dict[str, Any]
+
+
+class ABRunner:
+    """Runs one echo case against two started servers (A's and B's), their rounds alternated in
+    ABBA order.  Each side's rounds are echo.EchoRunner's (the same load spec, noise judge and
+    retries); one pytest-benchmark round is one pair."""
+
+    def __init__(self, settings: Any, case: Any, servers: Dict[str, Any], environments: Dict[str, Environment],
+                 probe_baseline: Optional[float], speed: Any = None):
+        from . import echo, loadgen
+        need = 2 * case.connections
+        if need > loadgen.max_connections():
+            raise ABError(f"A/B at {case.connections} connections keeps {need} sockets open (both servers'), "
+                          f"more than one process may hold here ({loadgen.max_connections()}): run this "
+                          "scale without A/B")
+        self.case = case
+        self.environments = environments
+        self.runners = {s: echo.EchoRunner(settings, case, servers[s], probe_baseline, speed) for s in SIDES}
+        profile_rounds = self.runners["a"].rounds
+        self.pairs = settings.rounds or PAIRS_PER_ROUND * profile_rounds
+        for runner in self.runners.values():
+            runner.rounds = self.pairs
+        self.orders: List[str] = []
+
+    def run(self, benchmark: Any) -> ABOutcome:
+        from . import echo, loadgen
+        loadgen.ensure_fd_limit(2 * self.case.connections)
+        with loadgen.LoadSession(self.runners["a"].spec) as sa, loadgen.LoadSession(self.runners["b"].spec) as sb:
+            sessions = {"a": sa, "b": sb}
+
+            def pair() -> None:
+                o = order(len(self.orders))
+                for side in o:
+                    self.runners[side].one_round(sessions[side])
+                self.orders.append(o)
+
+            benchmark.pedantic(pair, rounds=self.pairs, iterations=1, warmup_rounds=0)
+            outcomes = {s: echo.EchoOutcome.from_records(self.runners[s], sessions[s].connect_seconds)
+                        for s in SIDES}
+        extra = ab_extra(self.case, self.environments, {s: outcomes[s].extra for s in SIDES}, self.orders)
+        benchmark.extra_info.update(extra)  # the very dict pytest-benchmark saves
+        return ABOutcome(outcomes, list(self.orders), extra)
