@@ -44,13 +44,16 @@ def suite(pytester):
 
 
 def test_same_code_passes_and_a_slowdown_fails_its_item_with_one_line(suite, pytester):
+    """Without the family-wise correction, each benchmark is judged as its test finishes."""
     suite("--benchmark-autosave").assert_outcomes(passed=2)
-    same = suite("--benchmark-compare", "--pcb-fail-on", "msgs_per_s:-10%")
+    same = suite("--benchmark-compare", "--pcb-fail-on", "msgs_per_s:-10%", "--pcb-fail-correction", "none")
     same.assert_outcomes(passed=2)
-    same.stdout.fnmatch_lines(["*pyconcbench regression gate*", "baseline *0001_*; fail-on msgs_per_s:-10%; alpha 0.05; 2 unchanged"])
+    same.stdout.fnmatch_lines(["*pyconcbench regression gate*", "baseline *0001_*; fail-on msgs_per_s:-10%; alpha 0.05; 2 unchanged",
+                               "*each of the 2 tests on its own (no family-wise correction)"])
 
     md = pytester.path / "summary.md"
-    slow = suite("--benchmark-compare", "--pcb-fail-on", "msgs_per_s:-10%", f"--pcb-gate-markdown={md}", scale="0.7")
+    slow = suite("--benchmark-compare", "--pcb-fail-on", "msgs_per_s:-10%", f"--pcb-gate-markdown={md}",
+                 "--pcb-fail-correction", "none", scale="0.7")
     slow.assert_outcomes(passed=1, failed=1)  # test_lenient's marker allows -50 %
     assert slow.ret == 1
     slow.stdout.fnmatch_lines([
@@ -62,6 +65,27 @@ def test_same_code_passes_and_a_slowdown_fails_its_item_with_one_line(suite, pyt
     assert "Traceback" not in slow.stdout.str()
     text = md.read_text()
     assert "**1 regression**" in text and "| `test_lenient` | msgs_per_s | -50% |" in text
+
+
+def test_with_the_correction_a_regression_fails_the_session_once_every_test_ran(suite, pytester):
+    """Holm (the default) needs every p-value of the run: the items pass, the session fails,
+    one line per regression; with 2 tests Holm doubles the smallest p (0.00397 -> 0.00794)."""
+    suite("--benchmark-autosave").assert_outcomes(passed=2)
+    same = suite("--benchmark-compare", "--pcb-fail-on", "msgs_per_s:-10%")
+    same.assert_outcomes(passed=2)
+    assert same.ret == 0
+    slow = suite("--benchmark-compare", "--pcb-fail-on", "msgs_per_s:-10%", scale="0.7")
+    slow.assert_outcomes(passed=2)
+    assert slow.ret == 1
+    slow.stdout.fnmatch_lines([
+        "*after Holm's correction over the run's 2 tests",
+        "*REGRESSION  test_plain msgs_per_s -30.0% (p=0.00397, corrected 0.00794)",
+        "pyconcbench gate: test_plain: msgs_per_s regressed 100,000 msgs/s -> 70,000 msgs/s (-30.0%, threshold -10%), "
+        "one-sided Mann-Whitney U p=0.00397 (Holm 0.00794) over 5 vs 5 rounds",
+    ])
+    bh = suite("--benchmark-compare", "--pcb-fail-on", "msgs_per_s:-10%", "--pcb-fail-correction", "bh", scale="0.7")
+    assert bh.ret == 1
+    bh.stdout.fnmatch_lines(["*after Benjamini-Hochberg's correction over the run's 2 tests"])
 
 
 def test_the_marker_travels_in_the_saved_results(suite, pytester):
@@ -134,7 +158,8 @@ def test_a_glob_baseline_pools_several_saved_runs(suite):
     suite("--benchmark-save=main").assert_outcomes(passed=2)
     suite("--benchmark-save=main", scale="0.95").assert_outcomes(passed=2)
     suite("--benchmark-save=other", scale="0.5").assert_outcomes(passed=2)
-    res = suite("--benchmark-compare=*_main", "--pcb-fail-on", "msgs_per_s:-10%", scale="0.7")
+    res = suite("--benchmark-compare=*_main", "--pcb-fail-on", "msgs_per_s:-10%", "--pcb-fail-correction", "none",
+                scale="0.7")
     res.assert_outcomes(passed=1, failed=1)
     res.stdout.fnmatch_lines([
         "pyconcbench gate: test_plain: msgs_per_s regressed * -> 70,000 msgs/s (-*%, threshold -10%), "

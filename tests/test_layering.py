@@ -11,7 +11,7 @@ import pytest
 import pyconcbench
 
 #: The pytest-free side: everything but the plugin, the gate's plugin and the report.
-WORKLOADS = ("pyconcbench.options", "pyconcbench.loopback", "pyconcbench.rounds", "pyconcbench.instruments", "pyconcbench.machine",
+WORKLOADS = ("pyconcbench.options", "pyconcbench.loopback", "pyconcbench.ab", "pyconcbench.rounds", "pyconcbench.instruments", "pyconcbench.machine",
              "pyconcbench.echo", "pyconcbench.loadgen", "pyconcbench.harness", "pyconcbench.serve",
              "pyconcbench.plain", "pyconcbench.syscalls", "pyconcbench.gate", "pyconcbench.stats",
              "pyconcbench.metrics", "pyconcbench.micro", "pyconcbench.zmq", "pyconcbench.zmq.runner",
@@ -43,7 +43,8 @@ def test_workloads_and_engines_never_import_pytest(module):
 
 
 REPORT = ("pyconcbench.report", "pyconcbench.report.results", "pyconcbench.report.plots",
-          "pyconcbench.report.echo_tables", "pyconcbench.report.switch_tables", "pyconcbench.cli")
+          "pyconcbench.report.echo_tables", "pyconcbench.report.switch_tables", "pyconcbench.report.ab_tables",
+          "pyconcbench.cli")
 #: What the report may never load: it reads saved JSON (through metrics) on any machine.
 NOT_IN_REPORT = ("pyconcbench.micro", "pyconcbench.servers", "pyconcbench.zmq", "pyconcbench.harness",
                  "pyconcbench.loadgen", "pyconcbench.plugin", "pyconcbench._native", "pyconcbench.echo",

@@ -27,22 +27,14 @@ import os
 import shutil
 import subprocess
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence
 
 from . import metrics, stats
 
 SIDES = ("a", "b")
 
-#: The per-round figures a pair compares (the gate's metric name -> the round's key) and
-#: whether higher is better; each is saved as B/A per pair and summarised by its interval.
-PAIR_METRICS: Dict[str, Tuple[str, bool]] = {
-    "msgs_per_s": ("msgs_per_s", True),
-    "latency_p50": ("latency_p50_us", False),
-    "latency_p90": ("latency_p90_us", False),
-    "latency_p95": ("latency_p95_us", False),
-    "latency_p99": ("latency_p99_us", False),
-    "server_cpu_us_per_msg": ("server_cpu_us_per_msg", False),
-}
+#: The per-round figures a pair compares: the gate's metric name -> the round's key.
+PAIR_METRICS = metrics.AB_PAIR_KEYS
 
 #: The interval's coverage asked for; with few pairs the exact interval cannot reach it and
 #: the coverage it has is saved and printed beside it.
@@ -183,7 +175,7 @@ def pair_ratios(a_rounds: Sequence[Dict[str, Any]], b_rounds: Sequence[Dict[str,
     out = []
     for a, b, o in zip(a_rounds, b_rounds, orders):
         pair: Dict[str, Any] = {"order": o.upper()}
-        for name, (key, _) in PAIR_METRICS.items():
+        for name, key in PAIR_METRICS.items():
             va, vb = a.get(key), b.get(key)
             if isinstance(va, (int, float)) and isinstance(vb, (int, float)) and va > 0 and vb > 0:
                 pair[name] = round(vb / va, 6)
@@ -204,41 +196,6 @@ def intervals(pairs: Sequence[Dict[str, Any]], confidence: float = CONFIDENCE) -
                      "high": round(math.exp(iv.high), 6), "confidence": round(iv.confidence, 4),
                      "pairs": iv.pairs}
     return out
-
-
-def describe_ratio(metric: str, iv: Dict[str, Any]) -> str:
-    """'B is 4.1 % slower [2.8 %, 5.6 %]' in the metric's own words."""
-    higher_better = PAIR_METRICS[metric][1]
-    est, low, high = ((iv[k] - 1.0) * 100.0 for k in ("ratio", "low", "high"))
-    if higher_better:
-        word = "slower" if est < 0 else "faster"
-    else:
-        word = "worse" if est > 0 else "better"
-    if low * high > 0:  # the interval is on one side of 0: say it in the same words
-        a, b = sorted((abs(low), abs(high)))
-        span = f"[{a:.1f} %, {b:.1f} %]"
-    else:
-        span = f"[{low:+.1f} %, {high:+.1f} %]"
-    return f"B {abs(est):.1f} % {word} {span} ({iv['confidence'] * 100:.1f} % interval, {iv['pairs']} pairs)"
-
-
-def verdict(metric: str, iv: Dict[str, Any], threshold: Optional[float]) -> str:
-    """regression: the whole interval is worse than the threshold; improved: the whole interval
-    is better by more than it; differs: the interval excludes 1 but not the threshold;
-    unchanged: it includes 1.  ``threshold`` None: 'not gated' (the figures are still saved)."""
-    higher_better = PAIR_METRICS[metric][1]
-    low, high = iv["low"], iv["high"]
-    # as "worse by": > 0 worse
-    worse_low, worse_high = ((1 - high, 1 - low) if higher_better else (low - 1, high - 1))
-    if threshold is None:
-        return "not gated"
-    if worse_low > threshold:
-        return "regression"
-    if worse_high < -threshold:
-        return "improved"
-    if worse_low > 0 or worse_high < 0:
-        return "differs"
-    return "unchanged"
 
 
 def ab_extra(case: Any, environments: Dict[str, Environment], sides: Dict[str, Dict[str, Any]],

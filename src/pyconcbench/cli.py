@@ -2,6 +2,8 @@
 
     pyconcbench report [RUN ...] [--png DIR] [--html FILE] [--by-python]
     pyconcbench compare BASE NEW [--fail-on EXPR] [--markdown FILE]
+    pyconcbench compare AB_RUN [--fail-on EXPR]          (an interleaved A/B run gates itself)
+    pyconcbench ab --a PYTHON_OR_VENV --b PYTHON_OR_VENV [--fail-on EXPR] [-- PYTEST ARGS]
 
 Exit status: 0 done (no regression), 1 regression found, 2 usage error or unreadable run.
 """
@@ -56,7 +58,8 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("runs", nargs="+", metavar="BASE [BASE ...] NEW",
                    help=RUN_HELP + ". Every BASE (a prefix or glob may match several runs: '*_main') is "
                    "the baseline: with several, their rounds are pooled and a regression must be worse than "
-                   "each of them. NEW must name one run")
+                   "each of them. NEW must name one run. A single run of interleaved A/B cases "
+                   "(pyconcbench ab) is gated alone: B against A, on B/A's interval")
     add_storage(c)
     c.add_argument("--fail-on", metavar="EXPR",
                    help="comma-separated [SCOPE@]METRIC:THRESHOLD items, e.g. 'msgs_per_s:-10%%,latency_p99:+25%%'; "
@@ -68,21 +71,50 @@ def parser() -> argparse.ArgumentParser:
                         "samples. Default: %s" % gate.DEFAULT_ALPHA)
     c.add_argument("--markdown", "--gate-markdown", dest="markdown", metavar="FILE",
                    help="also append the Markdown summary to FILE (e.g. \"$GITHUB_STEP_SUMMARY\")")
+    c.add_argument("--fail-correction", dest="fail_correction", metavar="holm|bh|none",
+                   help="how the run's significance tests are corrected for their number: holm (no false "
+                        "alarm anywhere in the run with probability >= 1 - alpha), bh (Benjamini-Hochberg), "
+                        "none. Default: holm")
     c.add_argument("--allow-missing", action="store_true",
                    help="pass even when benchmarks of the baseline are missing from NEW (by default that "
                         "fails: a benchmark that errored is not saved)")
     c.add_argument("--allow-machine-change", action="store_const", const="yes",
                    help="compare even when CPU model, CPU count, kernel or Python differ between the runs")
     c.epilog = ("The gate's options are those of the pytest plugin (--pcb-fail-on, --pcb-fail-alpha, "
-                "--pcb-gate-markdown, --pcb-allow-machine-change): same meanings, and each not given "
-                "here is read from its environment variable (PCB_FAIL_ON, PCB_FAIL_ALPHA, "
-                "PCB_GATE_MARKDOWN, PCB_ALLOW_MACHINE_CHANGE).")
+                "--pcb-fail-correction, --pcb-gate-markdown, --pcb-allow-machine-change): same meanings, and "
+                "each not given here is read from its environment variable (PCB_FAIL_ON, PCB_FAIL_ALPHA, "
+                "PCB_FAIL_CORRECTION, PCB_GATE_MARKDOWN, PCB_ALLOW_MACHINE_CHANGE).")
+
+    a = sub.add_parser("ab", help="interleaved A/B run: the echo suite with A's and B's servers, round by round",
+                       description="Runs the echo benchmarks (pytest, in this project's clone) with the servers "
+                                   "of two environments alternated round by round in ABBA order, in one run on "
+                                   "the same CPUs: each pair of adjacent rounds gives B/A, summarised as the "
+                                   "Hodges-Lehmann ratio with its exact Wilcoxon signed-rank interval. Saves the "
+                                   "run (pytest-benchmark's storage) for `pyconcbench report` and `compare`. "
+                                   "Exit 0 done, 1 a regression (with --fail-on) or a failed test, 2 usage.")
+    a.add_argument("--a", required=True, metavar="PYTHON_OR_VENV",
+                   help="side A (the reference): a Python executable, a venv directory or a command on PATH; "
+                        "pyconcbench must be installed there")
+    a.add_argument("--b", required=True, metavar="PYTHON_OR_VENV", help="side B (the one under test)")
+    a.add_argument("--a-env", metavar="NAME=VALUE,...", help="environment variables for A's servers")
+    a.add_argument("--b-env", metavar="NAME=VALUE,...", help="environment variables for B's servers")
+    a.add_argument("--fail-on", metavar="EXPR",
+                   help="gate B against A: e.g. 'msgs_per_s:-5%%,latency_p99:+20%%'; a metric fails when B/A's "
+                        "whole interval is beyond its threshold")
+    a.add_argument("--tests", default=AB_TESTS, metavar="PATH",
+                   help="the echo benchmarks to run. Default: %(default)s")
+    a.add_argument("pytest_args", nargs=argparse.REMAINDER, metavar="-- PYTEST ARGS",
+                   help="passed to pytest after '--', e.g. -- --pcb-impl uvloop_protocol --pcb-conns 100")
     return p
+
+
+#: The echo benchmarks `pyconcbench ab` runs (relative to the project's clone).
+AB_TESTS = "tests/bench/test_echo.py"
 
 
 #: compare's options that are the plugin's too: argparse dest -> name in pyconcbench.options
 SHARED = {"fail_on": "fail-on", "alpha": "fail-alpha", "markdown": "gate-markdown",
-          "allow_machine_change": "allow-machine-change"}
+          "allow_machine_change": "allow-machine-change", "fail_correction": "fail-correction"}
 
 
 def _shared_options(args: argparse.Namespace) -> None:
@@ -98,6 +130,8 @@ def _shared_options(args: argparse.Namespace) -> None:
             value = value or DEFAULT_FAIL_ON
         elif dest == "alpha" and value is None:
             value = gate.DEFAULT_ALPHA
+        elif dest == "fail_correction" and value is None:
+            value = "holm"
         setattr(args, dest, value)
 
 
@@ -167,9 +201,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
     expr = args.fail_on
     rules = gate.parse_fail_on(expr)
     alpha = args.alpha
-    if len(args.runs) < 2:
-        return _fail("compare needs a baseline and a new run: pyconcbench compare BASE [BASE ...] NEW")
     new = _one(args.runs[-1], args.storage)
+    if len(args.runs) < 2:
+        if not any(gate.is_ab(b) for b in new.benchmarks):
+            return _fail("compare needs a baseline and a new run: pyconcbench compare BASE [BASE ...] NEW "
+                         f"(or one run of interleaved A/B cases; {new.name} has none)")
+        return _finish(args, gate.compare_runs([], new.benchmarks, rules, alpha), new,
+                       f"none: interleaved A/B cases in `{new.name}` (commit {new.commit}), B against A", [])
     seen = {Path(new.path).resolve()}
     bases = []
     for run in load_runs(args.runs[:-1], args.storage):
@@ -188,6 +226,16 @@ def cmd_compare(args: argparse.Namespace) -> int:
     names = ", ".join(f"`{b.name}`" for b in bases[:5]) + (" …" if len(bases) > 5 else "")
     baseline = (f"{names} ({len(bases)} run{'s' if len(bases) > 1 else ''}, commit {bases[-1].commit}), "
                 f"new `{new.name}` (commit {new.commit})")
+    return _finish(args, result, new, baseline, diffs)
+
+
+def _finish(args: argparse.Namespace, result: gate.GateResult, new: Run, baseline: str, diffs: Sequence[str]) -> int:
+    """Corrects, prints and appends the gate's summary; the exit status."""
+    expr = args.fail_on
+    try:
+        gate.correct(result, args.fail_correction)
+    except ValueError as exc:  # a malformed A/B interval in the run
+        return _fail(str(exc))
     text = gate.markdown(result, context=gate.context_lines(baseline, expr, diffs))
     sys.stdout.write(text + "\n")
     if args.markdown:
@@ -208,11 +256,38 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 1 if result.regressions else 0
 
 
+def cmd_ab(args: argparse.Namespace) -> int:
+    """Runs pytest on the echo benchmarks with --pcb-ab-a/--pcb-ab-b (the plugin resolves and
+    checks both environments and refuses a bad one in one line, exit 2)."""
+    import subprocess
+
+    extra = list(args.pytest_args or [])
+    if extra and extra[0] == "--":
+        extra = extra[1:]
+    tests = args.tests
+    if not Path(tests.split("::")[0]).exists():
+        return _fail(f"{tests} not found here: run `pyconcbench ab` in the project's clone, or pass --tests PATH")
+    argv = [sys.executable, "-m", "pytest", tests, "--pcb-ab-a", args.a, "--pcb-ab-b", args.b,
+            "--benchmark-autosave", "-p", "no:cacheprovider"]
+    if args.a_env:
+        argv += ["--pcb-ab-a-env", args.a_env]
+    if args.b_env:
+        argv += ["--pcb-ab-b-env", args.b_env]
+    if args.fail_on:
+        argv += ["--pcb-fail-on", args.fail_on]
+    argv += extra
+    print("pyconcbench ab: " + " ".join(argv[1:]), file=sys.stderr)
+    code = subprocess.call(argv)
+    return {0: 0, 1: 1}.get(code, 2)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser().parse_args(argv)
     try:
         if args.command == "report":
             return cmd_report(args)
+        if args.command == "ab":
+            return cmd_ab(args)
         return cmd_compare(args)
     except (ResultsError, gate.GateSpecError) as exc:
         return _fail(str(exc))

@@ -17,6 +17,11 @@ the baseline's rounds by more than the threshold **and** a one-sided Mann-Whitne
 the two sets of per-round samples gives p <= alpha (default 0.05).  Beyond the threshold but
 not significant is reported as "within noise"; when the rounds are too few for the test ever
 to reach alpha (2 against 2 cannot), as "untested" (run more rounds).  Neither fails.
+
+Over a whole run the tests are corrected for their number (``correct``: Holm by default, or
+Benjamini-Hochberg, or none): at 1 % false alarms per check, a suite of 300 checks would fail
+nearly every unchanged run.  An interleaved A/B case (``pyconcbench ab``) is judged on its own:
+a regression is B/A's whole interval beyond the threshold (``check_ab``).
 """
 from __future__ import annotations
 
@@ -27,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from pyconcbench import stats
-from pyconcbench.metrics import METRICS, Metric, fmt_value  # noqa: F401  (gate.METRICS: the gate's names)
+from pyconcbench.metrics import AB, AB_PAIR_KEYS, METRICS, Metric, fmt_value  # noqa: F401 (gate.METRICS)
 
 DEFAULT_ALPHA = 0.05
 
@@ -173,6 +178,13 @@ class Change:
     n_new: int = 0
     status: str = ""  # see STATUS_ORDER; "no data" when the benchmark does not have the metric
     note: str = ""
+    p_adjusted: Optional[float] = None  # after the family-wise correction over the whole run
+    #: an interleaved A/B case: B/A's interval and its coverage (then base = A, new = B)
+    low: Optional[float] = None
+    high: Optional[float] = None
+    confidence: Optional[float] = None
+
+    correction_name: str = ""
 
     @property
     def failed(self) -> bool:
@@ -182,7 +194,14 @@ class Change:
         """The one line a failing test item shows."""
         m = METRICS[self.metric]
         bound = ("-" if m.higher_is_better else "+") + f"{(self.threshold or 0) * 100:g}%"
+        if self.low is not None:
+            return (f"{self.test}: {self.metric} B/A {self.change + 1:.3f} [{self.low:.3f}, {self.high:.3f}] "
+                    f"({(self.confidence or 0) * 100:.1f} % interval over {self.n_new} interleaved pairs; "
+                    f"A {fmt_value(self.base, m)}, B {fmt_value(self.new, m)}): the whole interval is beyond "
+                    f"the threshold {bound}" + (f"; {self.note}" if self.note else ""))
         p = ("p=%.3g" % self.p_value) if self.p_value is not None else "no significance test"
+        if self.p_adjusted is not None:
+            p += f" ({self.correction_name} {self.p_adjusted:.3g})"
         return (f"{self.test}: {self.metric} regressed {fmt_value(self.base, m)} -> {fmt_value(self.new, m)} "
                 f"({fmt_change(self.change)}, threshold {bound}), one-sided Mann-Whitney U {p} "
                 f"over {self.n_base} vs {self.n_new} rounds" + (f"; {self.note}" if self.note else ""))
@@ -290,10 +309,124 @@ class GateResult:
     missing: List[str] = field(default_factory=list)  # in the baseline, not in the new run
     alpha: float = DEFAULT_ALPHA
     baseline_runs: int = 1
+    correction: str = "none"  # see CORRECTIONS; set by correct()
+    checks: int = 0           # significance tests the correction was made over
 
     @property
     def regressions(self) -> List[Change]:
         return [c for c in self.changes if c.failed]
+
+
+# ---- the family-wise correction --------------------------------------------------------------
+
+#: How the significance tests of one gated run are corrected for their number: ``holm``
+#: (Holm-Bonferroni: the chance of any false alarm in the whole run stays <= alpha, whatever the
+#: dependence between checks; the default), ``bh`` (Benjamini-Hochberg: the expected share of
+#: false alarms among the alarms stays <= alpha; more alarms pass when many metrics really
+#: moved), ``none`` (each check at alpha on its own: with hundreds of checks, some unchanged
+#: benchmark fails most runs).
+CORRECTIONS = {"holm": "Holm", "bh": "Benjamini-Hochberg", "none": "none"}
+
+
+def correct(result: GateResult, method: str) -> GateResult:
+    """Applies the family-wise correction over every tested check of the run (a gated metric
+    with a p-value; the interval verdicts of A/B cases are not p-values and stay as they are).
+    A regression whose corrected p-value is above alpha becomes "within noise" -- or "untested"
+    when no result of its rounds could pass the corrected level: the note says how many rounds,
+    or an A/B run, it would take."""
+    if method not in CORRECTIONS:
+        raise ValueError(f"unknown correction {method!r}; known: {', '.join(CORRECTIONS)}")
+    tested = [c for c in result.changes if c.threshold is not None and c.p_value is not None and c.low is None]
+    result.correction = method
+    result.checks = len(tested)
+    if method == "none" or not tested:
+        return result
+    adjust = stats.holm if method == "holm" else stats.benjamini_hochberg
+    m = len(tested)
+    level = result.alpha / m  # what the smallest p of the run must reach, under either method
+    for c, adjusted in zip(tested, adjust([c.p_value for c in tested])):
+        c.p_adjusted = adjusted
+        c.correction_name = CORRECTIONS[method]
+        if c.status != "regression" or adjusted <= result.alpha:
+            continue
+        best = stats.min_p_value(c.n_base, c.n_new)
+        if best > level:
+            need = _rounds_needed(level)
+            c.status = "untested"
+            c.note = (f"{m} checks in this run: under {CORRECTIONS[method]} a regression needs p <= {level:.2g}, "
+                      f"which {c.n_base} vs {c.n_new} rounds cannot reach (at best {best:.2g}): run {need}+ rounds "
+                      "a side (--pcb-rounds), gate fewer metrics, or compare A and B interleaved in one run "
+                      "(pyconcbench ab)")
+        else:
+            c.status = "within noise"
+            c.note = f"p={c.p_value:.3g}, {adjusted:.3g} after {CORRECTIONS[method]} over {m} checks"
+    return result
+
+
+def _rounds_needed(level: float) -> int:
+    """The fewest rounds per side with which the exact test can reach ``level``."""
+    n = 2
+    while stats.min_p_value(n, n) > level and n < 1000:
+        n += 1
+    return n
+
+
+# ---- interleaved A/B cases ------------------------------------------------------------------
+
+def ab_verdict(higher_is_better: bool, low: float, high: float, threshold: Optional[float]) -> str:
+    """An A/B interval of B/A against a threshold: "regression" when the whole interval is worse
+    than the threshold, "improved" when the whole interval is better by more than it, else
+    "unchanged" (the note says when the interval excludes 1 all the same); "not gated" when the
+    threshold is off."""
+    if threshold is None:
+        return "not gated"
+    worse_low, worse_high = (1 - high, 1 - low) if higher_is_better else (low - 1, high - 1)  # > 0: worse
+    if worse_low > threshold:
+        return "regression"
+    if worse_high < -threshold:
+        return "improved"
+    return "unchanged"
+
+
+def check_ab(bench: Dict[str, Any], rules: Sequence[Rule], marker_rules: Sequence[Rule] = ()) -> List[Change]:
+    """Every gated metric of one interleaved A/B case (family ``ab``): B/A's interval against
+    the threshold; no baseline run is involved."""
+    info = bench.get("extra_info") or {}
+    ivs = info.get("intervals") or {}
+    sides = {s: info.get(s) or {} for s in ("a", "b")}
+    test = bench.get("name") or bench.get("fullname") or "?"
+    out = []
+    for metric, threshold in rules_for(bench, rules, marker_rules).items():
+        iv = ivs.get(metric)
+        key = AB_PAIR_KEYS.get(metric)
+        if not isinstance(iv, dict) or key is None:
+            continue
+        try:
+            ratio, low, high = float(iv["ratio"]), float(iv["low"]), float(iv["high"])
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(f"{test}: the A/B interval of {metric} is malformed: {iv!r}") from None
+        if not (0 < low <= ratio <= high) or not all(map(_finite, (ratio, low, high))):
+            raise ValueError(f"{test}: the A/B interval of {metric} is not an interval: {iv!r}")
+        m = METRICS[metric]
+        ch = Change(test=test, group=bench.get("group") or "", metric=metric, threshold=threshold,
+                    base=_num(sides["a"].get(key)), new=_num(sides["b"].get(key)), change=ratio - 1.0,
+                    n_base=int(iv.get("pairs") or 0), n_new=int(iv.get("pairs") or 0),
+                    low=low, high=high, confidence=_num(iv.get("confidence")))
+        ch.status = ab_verdict(m.higher_is_better, low, high, threshold)
+        if ch.status == "unchanged" and (low > 1.0 or high < 1.0):
+            ch.note = f"B differs from A ({(ratio - 1) * 100:+.1f} %) but not beyond the threshold"
+        if ch.confidence is not None and ch.confidence < 0.95 and ch.status in ("regression", "improved"):
+            ch.note = (ch.note + "; " if ch.note else "") + f"only {ch.confidence * 100:.1f} % coverage: more pairs"
+        out.append(ch)
+    return out
+
+
+def _finite(x: float) -> bool:
+    return x == x and x not in (float("inf"), float("-inf"))
+
+
+def _num(value: Any) -> Optional[float]:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def marker_rules_of(bench: Dict[str, Any]) -> List[Rule]:
@@ -311,6 +444,12 @@ def check_bench(base: Bases, new: Dict[str, Any], rules: Sequence[Rule],
         if ch.status != "no data":
             out.append(ch)
     return out
+
+
+def is_ab(bench: Dict[str, Any]) -> bool:
+    """An interleaved A/B case: gated on its own interval, not against a baseline."""
+    info = bench.get("extra_info")
+    return isinstance(info, dict) and info.get("pcb_family") == AB
 
 
 def _key(bench: Dict[str, Any]) -> str:
@@ -331,6 +470,9 @@ def compare_runs(base: Sequence[Any], new: Sequence[Dict[str, Any]], rules: Sequ
     for bench in new:
         key = _key(bench)
         seen.add(key)
+        if is_ab(bench):
+            result.changes.extend(check_ab(bench, rules, marker_rules_of(bench)))
+            continue
         result.changes.extend(check_bench(by_name.get(key), bench, rules, marker_rules_of(bench), alpha))
     result.missing = sorted(k for k in by_name if k not in seen)
     return result
@@ -393,6 +535,18 @@ def append_markdown(path: str, text: str) -> Optional[str]:
 
 # ---- the summary ------------------------------------------------------------------------
 
+def rule_text(result: GateResult) -> str:
+    """What "regression" meant in this run, in one sentence."""
+    text = (f"regression = beyond the threshold and one-sided Mann-Whitney U p <= {result.alpha:g} over the "
+            "per-round samples")
+    if result.correction != "none" and result.checks:
+        text += f" after {CORRECTIONS[result.correction]}'s correction over the run's {result.checks} tests"
+    elif result.checks:
+        text += f", each of the {result.checks} tests on its own (no family-wise correction)"
+    if any(c.low is not None for c in result.changes):
+        text += "; for an interleaved A/B case, B/A's whole interval beyond the threshold"
+    return text
+
 STATUS_ORDER = ("regression", "untested", "noisy", "within noise", "improved", "unchanged", "not gated",
                 "no baseline")
 
@@ -409,8 +563,7 @@ def markdown(result: GateResult, title: str = "pyconcbench regression gate",
     verdict = (f"**{len(regs)} regression{'s' if len(regs) != 1 else ''}**" if regs
                else "**no regression**")
     lines.append(verdict + " — " + ", ".join(f"{n} {s}" for s, n in counts.items() if n)
-                 + f" (regression = beyond the threshold and one-sided Mann-Whitney U p <= {result.alpha:g} "
-                   "over the per-round samples)")
+                 + f" ({rule_text(result)})")
     lines.append("")
     if regs:
         for c in regs:
@@ -424,6 +577,10 @@ def markdown(result: GateResult, title: str = "pyconcbench regression gate",
             m = METRICS[c.metric]
             thr = "off" if c.threshold is None else ("-" if m.higher_is_better else "+") + f"{c.threshold * 100:g}%"
             p = "-" if c.p_value is None else f"{c.p_value:.3g}"
+            if c.p_adjusted is not None:
+                p += f" ({c.p_adjusted:.3g})"
+            if c.low is not None:
+                p = f"B/A [{c.low:.3f}, {c.high:.3f}]"
             status = c.status + (f" ({c.note})" if c.note else "")
             lines.append(f"| `{c.test}` | {c.metric} | {thr} | {fmt_value(c.base, m)} | {fmt_value(c.new, m)} "
                          f"| {fmt_change(c.change)} | {p} | {c.n_base}/{c.n_new} | {status} |")

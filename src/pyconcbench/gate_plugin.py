@@ -1,7 +1,10 @@
 """The regression gate inside pytest: ``GatePlugin``, registered by the plugin when
 ``--pcb-fail-on`` is given, compares each benchmark as its test finishes with the same test in
-``--benchmark-compare``'s baseline and turns a regression into a failure of that test, one line
-per regressed metric; and the hooks of the ``pcb_fail_on`` marker (checked at collection, its
+``--benchmark-compare``'s baseline (or, in an interleaved A/B run, B with A in the same case).
+With the family-wise correction (``--pcb-fail-correction holm``, the default, or ``bh``) the
+verdicts wait for every test of the session, and a regression fails the session with one line
+per regressed metric; with ``none``, and for A/B intervals, it fails the test's item at once;
+and the hooks of the ``pcb_fail_on`` marker (checked at collection, its
 expression saved with the results so ``pyconcbench compare`` honours it too).  The machine-fact
 check, the context lines and the Markdown are ``gate``'s, shared with ``pyconcbench compare``.
 """
@@ -67,7 +70,9 @@ class GatePlugin:
         self.notes: List[str] = []  # said above the gate's table
         self.diffs: List[str] = []  # machine facts that differ from the baseline's (gated anyway)
         source = settings.sources.get("fail-on", "--pcb-fail-on")
-        if not config.getoption("benchmark_compare", None):
+        self.ab = settings.ab is not None
+        self.failures: List[str] = []  # decided at the end of the session (corrected tests)
+        if not self.ab and not config.getoption("benchmark_compare", None):
             raise pytest.UsageError(f"{source}: the gate needs a baseline: add --benchmark-compare (the "
                                     "newest saved run) or --benchmark-compare=NUM")
         self.config = config
@@ -77,6 +82,9 @@ class GatePlugin:
         """Reads the baseline pytest-benchmark loaded for --benchmark-compare (its
         pytest_configure has run by now)."""
         settings = self.settings
+        if self.ab:
+            self.baseline_name = "none (interleaved A/B: B against A in this run)"
+            return
         bs = getattr(self.config, "_benchmarksession", None)
         if bs is not None and (getattr(bs, "disabled", False) or getattr(bs, "skip", False)):
             # --benchmark-disable or --benchmark-skip, or pytest-xdist (which disables benchmarks)
@@ -137,14 +145,33 @@ class GatePlugin:
             return report
         text = marker_fail_on(item)
         marker_rules = gate.parse_fail_on(text) if text else []
-        changes = gate.check_bench(self.baseline.get(new["fullname"]), new, self.rules, marker_rules,
-                                   self.settings.fail_alpha)
+        if gate.is_ab(new):
+            changes = gate.check_ab(new, self.rules, marker_rules)
+        elif self.ab:
+            return report  # another family in an A/B run: not measured there
+        else:
+            changes = gate.check_bench(self.baseline.get(new["fullname"]), new, self.rules, marker_rules,
+                                       self.settings.fail_alpha)
         self.result.changes.extend(changes)
         failed = [c for c in changes if c.failed]
+        if failed and self.settings.fail_correction != "none" and not gate.is_ab(new):
+            return report  # corrected over the whole run: decided in pytest_sessionfinish
         if failed:
             report.outcome = "failed"
             report.longrepr = "\n".join(f"pyconcbench gate: {c.line()}" for c in failed)
         return report
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        """The family-wise correction over every test of the run; a regression it leaves fails
+        the session (as pytest-benchmark's own --benchmark-compare-fail does), one line each."""
+        if self.problem:
+            return
+        gate.correct(self.result, self.settings.fail_correction)
+        if self.settings.fail_correction == "none":
+            return
+        self.failures = [f"pyconcbench gate: {c.line()}" for c in self.result.regressions if c.low is None]
+        if self.failures and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         tr = terminalreporter
@@ -159,13 +186,21 @@ class GatePlugin:
         tr.write_line(f"baseline {self.baseline_name}; fail-on {self.settings.fail_on}; alpha "
                       f"{self.settings.fail_alpha:g}; " + (", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
                                                           or "no gated metric in the tests that ran"))
+        tr.write_line(gate.rule_text(res))
         context = gate.context_lines(f"`{self.baseline_name}`", self.settings.fail_on, self.diffs, self.notes)
         for line in context[1:]:
             tr.write_line(line)
         for c in res.changes:
             if c.status in ("regression", "within noise", "improved", "noisy", "untested"):
-                tr.write_line(f"{c.status.upper():>12}  {c.test} {c.metric} {gate.fmt_change(c.change)} "
-                              f"(p={'-' if c.p_value is None else format(c.p_value, '.3g')})")
+                if c.low is not None:
+                    detail = f"B/A [{c.low:.3f}, {c.high:.3f}]"
+                else:
+                    detail = f"p={'-' if c.p_value is None else format(c.p_value, '.3g')}"
+                    if c.p_adjusted is not None:
+                        detail += f", corrected {c.p_adjusted:.3g}"
+                tr.write_line(f"{c.status.upper():>12}  {c.test} {c.metric} {gate.fmt_change(c.change)} ({detail})")
+        for line in self.failures:
+            tr.write_line(line)
         if self.settings.gate_markdown:
             problem = gate.append_markdown(self.settings.gate_markdown, gate.markdown(res, context=context))
             tr.write_line(f"pyconcbench gate: cannot write {self.settings.gate_markdown}: {problem}" if problem

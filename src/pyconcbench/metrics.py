@@ -103,6 +103,19 @@ METRICS: Dict[str, Metric] = {m.name: m for m in (
 )}
 
 
+#: The gate's metrics an interleaved A/B case (family ``ab``) compares pair by pair: metric
+#: name -> the key of each side's per-round figure.  Saved per pair as B/A, summarised as an
+#: interval under ``intervals``.
+AB_PAIR_KEYS: Dict[str, str] = {
+    "msgs_per_s": "msgs_per_s",
+    "latency_p50": "latency_p50_us",
+    "latency_p90": "latency_p90_us",
+    "latency_p95": "latency_p95_us",
+    "latency_p99": "latency_p99_us",
+    "server_cpu_us_per_msg": "server_cpu_us_per_msg",
+}
+
+
 def fmt_value(value: Optional[float], metric: Metric) -> str:
     """A metric's value with its unit, as the gate prints it."""
     if value is None:

@@ -171,6 +171,13 @@ def parse_ab_env(text: str) -> Dict[str, str]:
     return ab.parse_env(text)
 
 
+def parse_correction(text: str) -> str:
+    value = text.strip().lower()
+    if value not in gate.CORRECTIONS:
+        raise ValueError(f"{text!r} is not a correction ({', '.join(gate.CORRECTIONS)})")
+    return value
+
+
 def parse_profile(text: str) -> str:
     if text not in PROFILES:
         raise ValueError(f"{text!r} is not a profile ({', '.join(PROFILES)})")
@@ -279,6 +286,11 @@ OPTIONS: Dict[str, Tuple[Callable[[str], Any], Optional[str], str, str]] = {
                 "a regression fails its test item", "EXPR"),
     "fail-alpha": (parse_alpha, "0.05", "significance level of the gate's one-sided Mann-Whitney U test "
                    "over the per-round samples", "P"),
+    "fail-correction": (parse_correction, "holm", "how the gate's significance tests are corrected for their "
+                        "number over the run: holm (no false alarm anywhere in the run with probability >= "
+                        "1 - alpha), bh (Benjamini-Hochberg: false alarms <= alpha of the alarms), none (each "
+                        "test alone); with holm or bh, regressions are decided once every test has run and "
+                        "fail the session, not their items", "holm|bh|none"),
     "gate-markdown": (str, None, "append the gate's Markdown summary to this file (e.g. $GITHUB_STEP_SUMMARY)",
                       "FILE"),
     "ab-a": (str, None, "interleaved A/B run: the echo servers of side A run with this Python executable "
@@ -310,6 +322,7 @@ class Settings:
     syscalls: bool = False
     fail_on: Optional[str] = None
     fail_alpha: float = 0.05
+    fail_correction: str = "holm"
     gate_markdown: Optional[str] = None
     allow_machine_change: bool = False
     ab: Optional[Dict[str, Any]] = None  # "a"/"b" -> ab.Environment in an interleaved A/B run
@@ -402,6 +415,7 @@ def resolve(raw: Callable[[str], Tuple[Optional[str], str]]) -> Settings:
         syscalls=values["syscalls"],
         fail_on=values["fail-on"],
         fail_alpha=values["fail-alpha"],
+        fail_correction=values["fail-correction"],
         gate_markdown=values["gate-markdown"],
         allow_machine_change=values["allow-machine-change"],
         ab=ab_envs,
