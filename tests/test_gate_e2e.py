@@ -7,6 +7,7 @@ not make this test flaky, and 7 rounds leave enough clean ones when the host has
 (noisy rounds are retried, and left out by the gate); tools/gate_trials.py measures the
 false-alarm rate and the smallest slowdown caught at the usual -10 %."""
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -58,13 +59,38 @@ def test_gate_passes_unchanged_code_and_catches_a_slowed_server(run):
         slow.stdout.fnmatch_lines(["baseline *; fail-on msgs_per_s:-25%; alpha 0.05; 1 noisy",
                                    "       NOISY  test_echo?asyncio_protocol-c10-64B? msgs_per_s - (p=-)"])
         return
-    slow.assert_outcomes(failed=1)
+    # decided once every test ran (Holm over the run's tests): the item passed, the session fails
+    slow.assert_outcomes(passed=1)
     assert slow.ret == 1
     slow.stdout.fnmatch_lines([
         "pyconcbench gate: test_echo?asyncio_protocol-c10-64B?: msgs_per_s regressed * msgs/s -> * msgs/s "
-        "(-*%, threshold -25%), one-sided Mann-Whitney U p=* over * vs * rounds",
-        "FAILED test_echo.py::test_echo?asyncio_protocol-c10-64B?*",
+        "(-*%, threshold -25%), one-sided Mann-Whitney U p=* (Holm *) over * vs * rounds",
     ])
+
+
+AB = ["--pcb-ab-a", sys.executable, "--pcb-ab-b", sys.executable, "--pcb-rounds", "6"]
+
+
+def test_an_interleaved_ab_run_passes_a_against_itself_and_catches_a_slowed_b(run):
+    """A/B in one run: no baseline, no separate runs for the machine to drift between.  A
+    against itself (A/A) is not a regression; B with the knob on is, on B/A's interval."""
+    same = run(*AB, "--pcb-fail-on", "msgs_per_s:-25%")
+    same.assert_outcomes(passed=1)
+    assert same.ret == 0
+    same.stdout.fnmatch_lines(["*pyconcbench interleaved A/B (echo)*",
+                               "asyncio_protocol c10-64B *  6  *"])
+    slow = run(*AB, "--pcb-ab-b-env", f"{servers.SLOWDOWN_ENV}=50000", "--pcb-fail-on", "msgs_per_s:-25%",
+               "--benchmark-json", "ab.json")
+    slow.assert_outcomes(failed=1)
+    slow.stdout.fnmatch_lines([
+        "pyconcbench gate: test_echo?asyncio_protocol-c10-64B?: msgs_per_s B/A * ?*, *? (* % interval over 6 "
+        "interleaved pairs; A * msgs/s, B * msgs/s): the whole interval is beyond the threshold -25%",
+    ])
+    info = json.loads((run.path / "ab.json").read_text())["benchmarks"][0]["extra_info"]
+    assert info["pcb_family"] == "ab" and info["order"] == "ABBAABBAABBA"
+    assert info["b"]["environment"]["env"] == {servers.SLOWDOWN_ENV: "50000"}
+    # the knob's 50 us of CPU per message shows in B's server CPU per round trip, pair by pair
+    assert info["intervals"]["server_cpu_us_per_msg"]["low"] > 1.5
 
 
 def test_the_knob_is_refused_by_servers_that_do_not_implement_it(run):
