@@ -1,12 +1,18 @@
 """How often does the regression gate cry wolf, and what is the smallest slowdown it catches?
 
     python tools/gate_trials.py [--reruns 10] [--slowdowns 250,500,1000,2000,4000] [--fail-on EXPR]
+    python tools/gate_trials.py --ab [--trials 20] [--slowdowns 300,500,1000] [--fail-on msgs_per_s:-2%]
 
 1. Runs a small echo suite ``--reruns`` times on unchanged code, saving each run, and gates
    every pair of runs against each other (both ways): any regression there is a false alarm.
 2. Runs it again with the test-only knob ``PCB_TEST_SLOWDOWN_NS`` (busy-wait per received
    chunk in asyncio_protocol and uvloop_protocol) at each slowdown, and gates each against
    every unchanged run: the share of comparisons that flag the slowed servers is the power.
+
+With ``--ab``: interleaved A/B runs instead (``--pcb-ab-a``/``--pcb-ab-b``, both this Python):
+``--trials`` A/A runs (B = A: any regression is a false alarm; the count of *runs* with one is
+the figure), then ``--trials`` runs per slowdown with the knob on B only (the count of runs that
+catch it is the power), each gated on B/A's interval with ``--fail-on``.
 
 Everything is measured for real (servers, sockets, load generator); it takes a few minutes.
 Prints a Markdown summary.  Run it on a quiet machine: the point is what noise does.
@@ -30,6 +36,9 @@ SUITE = ["tests/bench/test_echo.py", "--pcb-impl", "asyncio_protocol,uvloop_prot
          "--benchmark-disable-gc"]
 
 
+DEFAULT_FAIL_ON = "msgs_per_s:-10%,latency_p99:+25%"
+
+
 def run_suite(storage: Path, name: str, slowdown: int) -> None:
     env = dict(os.environ)
     env.pop("PCB_TEST_SLOWDOWN_NS", None)
@@ -42,9 +51,63 @@ def run_suite(storage: Path, name: str, slowdown: int) -> None:
         sys.exit(f"suite run {name} failed:\n{done.stdout[-3000:]}")
 
 
-def verdicts(bases, new, rules):
+def verdicts(bases, new, rules, correction="none"):
     res = gate.compare_runs([b.benchmarks for b in bases], new.benchmarks, rules)
-    return res.changes
+    return gate.correct(res, correction).changes
+
+
+AB_SUITE = ["tests/bench/test_echo.py", "--pcb-impl", "asyncio_protocol,uvloop_protocol", "--pcb-conns", "100",
+            "--pcb-messages", "20000", "--pcb-rounds", "10", "--pcb-reference", "none", "--pcb-malloc",
+            "representative", "-q", "-p", "no:cacheprovider", "--benchmark-disable-gc"]
+
+
+def ab_run(storage: Path, name: str, slowdown: int) -> list:
+    """One interleaved A/B run of AB_SUITE (B slowed by ``slowdown`` ns per received chunk); its
+    benchmarks as saved."""
+    storage.mkdir(parents=True, exist_ok=True)
+    out = storage / f"{name}.json"
+    env = dict(os.environ)
+    env.pop("PCB_TEST_SLOWDOWN_NS", None)
+    cmd = [sys.executable, "-m", "pytest", *AB_SUITE, "--pcb-ab-a", sys.executable, "--pcb-ab-b", sys.executable,
+           f"--benchmark-json={out}"]
+    if slowdown:
+        cmd += ["--pcb-ab-b-env", f"PCB_TEST_SLOWDOWN_NS={slowdown}"]
+    done = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if done.returncode != 0:
+        sys.exit(f"A/B run {name} failed:\n{done.stdout[-3000:]}")
+    import json
+    return json.loads(out.read_text())["benchmarks"]
+
+
+def ab_trials(trials: int, slowdowns, fail_on: str, storage: Path) -> None:
+    rules = gate.parse_fail_on(fail_on)
+    rows = []
+    for ns in [0] + list(slowdowns):
+        flagged_runs = 0
+        per_case = {}
+        for t in range(trials):
+            benches = ab_run(storage, f"ab{ns}_{t:02d}", ns)
+            flagged = False
+            for b in benches:
+                for c in gate.check_ab(b, rules):
+                    per_case.setdefault(c.test, []).append(c)
+                    flagged |= c.failed
+            flagged_runs += flagged
+        rows.append((ns, flagged_runs, per_case))
+    print(f"## A/B trials: fail-on `{fail_on}` on B/A's interval, {trials} runs per line")
+    print()
+    print(f"Suite: `pytest {' '.join(AB_SUITE)} --pcb-ab-a PY --pcb-ab-b PY [--pcb-ab-b-env "
+          "PCB_TEST_SLOWDOWN_NS=N]` (10 interleaved pairs per case, both sides this Python).")
+    print()
+    print("| B slowed by | case | median B/A msgs/s | median interval width | runs flagged (case) | runs flagged (any case) |")
+    print("|---:|---|---:|---:|---:|---:|")
+    for ns, flagged_runs, per_case in rows:
+        for test, cs in sorted(per_case.items()):
+            ratios = sorted(c.change + 1 for c in cs)
+            widths = sorted(c.high - c.low for c in cs)
+            what = "nothing (A/A)" if ns == 0 else f"{ns} ns/chunk"
+            print(f"| {what} | `{test}` | {ratios[len(ratios) // 2]:.3f} | {widths[len(widths) // 2]:.3f} "
+                  f"| {sum(c.failed for c in cs)}/{len(cs)} | {flagged_runs}/{trials} |")
 
 
 def report(runs, reruns, slowdowns, rules, fail_on) -> None:
@@ -55,11 +118,11 @@ def report(runs, reruns, slowdowns, rules, fail_on) -> None:
     print(f"Suite: `pytest {' '.join(SUITE)}` (5 rounds per benchmark), {reruns} runs of unchanged code, "
           f"then one run per slowdown.")
     print()
-    print("| baseline | metric checks (unchanged code) | false alarms | not judged (noisy) |")
-    print("|---|---:|---:|---:|")
+    print("| baseline | metric checks (unchanged code) | false alarms | not judged (noisy) | false alarms after Holm (per run) |")
+    print("|---|---:|---:|---:|---:|")
     plans = [("1 run (every other run in turn)", 1), ("5 runs (10 random draws per new run)", 5)]
     for label, k in plans:
-        checks = alarms = noisy = 0
+        checks = alarms = noisy = holm_alarms = 0
         for i, new in enumerate(same):
             others = [r for j, r in enumerate(same) if j != i]
             draws = [[o] for o in others] if k == 1 else [rng.sample(others, min(k, len(others))) for _ in range(10)]
@@ -68,7 +131,8 @@ def report(runs, reruns, slowdowns, rules, fail_on) -> None:
                     checks += 1
                     alarms += c.failed
                     noisy += c.status == "noisy"
-        print(f"| {label} | {checks} | **{alarms}** ({alarms / max(checks, 1):.1%}) | {noisy} |")
+                holm_alarms += sum(c.failed for c in verdicts(bases, new, rules, "holm"))
+        print(f"| {label} | {checks} | **{alarms}** ({alarms / max(checks, 1):.1%}) | {noisy} | {holm_alarms} |")
     print()
     print("Changes between runs of unchanged code (every ordered pair):")
     print()
@@ -107,10 +171,16 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--reruns", type=int, default=10)
     p.add_argument("--slowdowns", default="250,500,1000,2000,4000", help="ns per received chunk")
-    p.add_argument("--fail-on", default="msgs_per_s:-10%,latency_p99:+25%")
+    p.add_argument("--fail-on", default=DEFAULT_FAIL_ON)
     p.add_argument("--storage", default="/tmp/pyconcbench-gate-trials")
     p.add_argument("--report-only", action="store_true", help="gate the runs already in --storage")
+    p.add_argument("--ab", action="store_true", help="interleaved A/B trials (A/A and slowed B) instead")
+    p.add_argument("--trials", type=int, default=20, help="--ab: runs per line")
     args = p.parse_args()
+    if args.ab:
+        fail_on = args.fail_on if args.fail_on != DEFAULT_FAIL_ON else "msgs_per_s:-2%"
+        ab_trials(args.trials, [int(s) for s in args.slowdowns.split(",") if s], fail_on, Path(args.storage))
+        return 0
     if args.report_only:
         runs = {Path(r.path).stem.split("_", 1)[1]: r for r in load_runs(["*/*"], args.storage)}
         slowdowns = sorted(int(k[4:]) for k in runs if k.startswith("slow"))
