@@ -86,22 +86,29 @@ typedef struct {
     pcb_hist *h;
 } HistObject;
 
-static PyObject *Hist_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+/* A new, empty Histogram of `type`. */
+static HistObject *hist_alloc(PyTypeObject *type)
 {
-    if ((kwds && PyDict_GET_SIZE(kwds)) || (args && PyTuple_GET_SIZE(args))) {
-        PyErr_SetString(PyExc_TypeError, "Histogram() takes no arguments");
-        return NULL;
-    }
     HistObject *self = (HistObject *)type->tp_alloc(type, 0);
     if (!self)
         return NULL;
     self->h = PyMem_Malloc(sizeof(pcb_hist));
     if (!self->h) {
         Py_DECREF(self);
-        return PyErr_NoMemory();
+        PyErr_NoMemory();
+        return NULL;
     }
     pcb_hist_reset(self->h);
-    return (PyObject *)self;
+    return self;
+}
+
+static PyObject *Hist_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    if ((kwds && PyDict_GET_SIZE(kwds)) || (args && PyTuple_GET_SIZE(args))) {
+        PyErr_SetString(PyExc_TypeError, "Histogram() takes no arguments");
+        return NULL;
+    }
+    return (PyObject *)hist_alloc(type);
 }
 
 static void Hist_dealloc(HistObject *self)
@@ -110,17 +117,6 @@ static void Hist_dealloc(HistObject *self)
     PyMem_Free(self->h);
     tp->tp_free((PyObject *)self);
     Py_DECREF(tp);
-}
-
-/* A new, empty Histogram of the module's type. */
-static HistObject *hist_create(PyTypeObject *hist_type)
-{
-    PyObject *empty = PyTuple_New(0);
-    if (!empty)
-        return NULL;
-    HistObject *h = (HistObject *)Hist_new(hist_type, empty, NULL);
-    Py_DECREF(empty);
-    return h;
 }
 
 /* Reads an ascending list of percentiles in [0, 100]; returns its length or -1. */
@@ -319,7 +315,7 @@ PyDoc_STRVAR(Hist_copy_doc, "copy() -> Histogram\n\nAn independent copy.");
 
 static PyObject *Hist_copy(HistObject *self, PyObject *Py_UNUSED(ignored))
 {
-    HistObject *c = hist_create(Py_TYPE(self));
+    HistObject *c = hist_alloc(Py_TYPE(self));
     if (c)
         memcpy(c->h, self->h, sizeof(pcb_hist));
     return (PyObject *)c;
@@ -604,7 +600,7 @@ static PyObject *Load_phase(LoadObject *self, PyObject *args, PyObject *kwds)
     if (!d)
         return NULL;
     PyObject *module = PyType_GetModule(Py_TYPE(self));
-    HistObject *hist = module ? hist_create(get_state(module)->hist_type) : NULL;
+    HistObject *hist = module ? hist_alloc(get_state(module)->hist_type) : NULL;
     if (hist)
         memcpy(hist->h, pcb_load_hist(self->load), sizeof(pcb_hist));
     PyObject *lat = (PyObject *)hist;

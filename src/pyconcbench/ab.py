@@ -224,8 +224,6 @@ def ab_extra(case: Any, environments: Dict[str, Environment], sides: Dict[str, D
                    "exact Wilcoxon signed-rank interval"),
         "a": {"environment": environments["a"].as_dict(), **_side(sides["a"])},
         "b": {"environment": environments["b"].as_dict(), **_side(sides["b"])},
-        # the headline the gate and the report read first
-        "ratio_msgs_per_s": ivs.get("msgs_per_s", {}).get("ratio"),
     }
 
 
@@ -246,17 +244,16 @@ class ABOutcome:
 
 class ABRunner:
     """Runs one echo case against two started servers (A's and B's), their rounds alternated in
-    ABBA order.  Each side's rounds are echo.EchoRunner's (the same load spec, noise judge and
-    retries); one pytest-benchmark round is one pair."""
+    ABBA order.  Each side's rounds are echo.EchoRunner's (the same load spec and noise judge,
+    each round measured once); one pytest-benchmark round is one pair."""
 
     def __init__(self, settings: Any, case: Any, servers: Dict[str, Any], environments: Dict[str, Environment],
                  probe_baseline: Optional[float], speed: Any = None):
         from . import echo, loadgen
-        need = 2 * case.connections
-        if need > loadgen.max_connections():
-            raise ABError(f"A/B at {case.connections} connections keeps {need} sockets open (both servers'), "
-                          f"more than one process may hold here ({loadgen.max_connections()}): run this "
-                          "scale without A/B")
+        try:
+            loadgen.ensure_fd_limit(2 * case.connections)  # a set of connections to each server
+        except loadgen.FdLimitError as exc:
+            raise ABError(f"A/B keeps both servers' connections open: {exc}; run this scale without A/B") from None
         self.case = case
         self.environments = environments
         # No retries: a slow spell of the machine hits both rounds of a pair and cancels in B/A,
@@ -272,7 +269,6 @@ class ABRunner:
 
     def run(self, benchmark: Any) -> ABOutcome:
         from . import echo, loadgen
-        loadgen.ensure_fd_limit(2 * self.case.connections)
         with loadgen.LoadSession(self.runners["a"].spec) as sa, loadgen.LoadSession(self.runners["b"].spec) as sb:
             sessions = {"a": sa, "b": sb}
 

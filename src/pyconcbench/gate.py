@@ -26,6 +26,7 @@ a regression is B/A's whole interval beyond the threshold (``check_ab``).
 from __future__ import annotations
 
 import fnmatch
+import math
 import re
 import statistics
 from dataclasses import dataclass, field
@@ -405,7 +406,7 @@ def check_ab(bench: Dict[str, Any], rules: Sequence[Rule], marker_rules: Sequenc
             ratio, low, high = float(iv["ratio"]), float(iv["low"]), float(iv["high"])
         except (KeyError, TypeError, ValueError):
             raise ValueError(f"{test}: the A/B interval of {metric} is malformed: {iv!r}") from None
-        if not (0 < low <= ratio <= high) or not all(map(_finite, (ratio, low, high))):
+        if not (0 < low <= ratio <= high) or not all(map(math.isfinite, (ratio, low, high))):
             raise ValueError(f"{test}: the A/B interval of {metric} is not an interval: {iv!r}")
         m = METRICS[metric]
         ch = Change(test=test, group=bench.get("group") or "", metric=metric, threshold=threshold,
@@ -421,10 +422,6 @@ def check_ab(bench: Dict[str, Any], rules: Sequence[Rule], marker_rules: Sequenc
     return out
 
 
-def _finite(x: float) -> bool:
-    return x == x and x not in (float("inf"), float("-inf"))
-
-
 def _num(value: Any) -> Optional[float]:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
@@ -437,7 +434,10 @@ def marker_rules_of(bench: Dict[str, Any]) -> List[Rule]:
 
 def check_bench(base: Bases, new: Dict[str, Any], rules: Sequence[Rule],
                 marker_rules: Sequence[Rule] = (), alpha: float = DEFAULT_ALPHA) -> List[Change]:
-    """Every gated metric of one benchmark that has it."""
+    """Every gated metric of one benchmark that has it: against ``base``, or for an interleaved
+    A/B case against its own A side (``check_ab``; ``base`` is not used)."""
+    if is_ab(new):
+        return check_ab(new, rules, marker_rules)
     out = []
     for metric, threshold in rules_for(new, rules, marker_rules).items():
         ch = compare_one(base, new, metric, threshold, alpha)
@@ -470,9 +470,6 @@ def compare_runs(base: Sequence[Any], new: Sequence[Dict[str, Any]], rules: Sequ
     for bench in new:
         key = _key(bench)
         seen.add(key)
-        if is_ab(bench):
-            result.changes.extend(check_ab(bench, rules, marker_rules_of(bench)))
-            continue
         result.changes.extend(check_bench(by_name.get(key), bench, rules, marker_rules_of(bench), alpha))
     result.missing = sorted(k for k in by_name if k not in seen)
     return result

@@ -145,16 +145,14 @@ class GatePlugin:
             return report
         text = marker_fail_on(item)
         marker_rules = gate.parse_fail_on(text) if text else []
-        if gate.is_ab(new):
-            changes = gate.check_ab(new, self.rules, marker_rules)
-        elif self.ab:
+        ab_case = gate.is_ab(new)
+        if self.ab and not ab_case:
             return report  # another family in an A/B run: not measured there
-        else:
-            changes = gate.check_bench(self.baseline.get(new["fullname"]), new, self.rules, marker_rules,
-                                       self.settings.fail_alpha)
+        changes = gate.check_bench(self.baseline.get(new["fullname"]), new, self.rules, marker_rules,
+                                   self.settings.fail_alpha)
         self.result.changes.extend(changes)
         failed = [c for c in changes if c.failed]
-        if failed and self.settings.fail_correction != "none" and not gate.is_ab(new):
+        if failed and self.settings.fail_correction != "none" and not ab_case:
             return report  # corrected over the whole run: decided in pytest_sessionfinish
         if failed:
             report.outcome = "failed"
