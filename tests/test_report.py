@@ -347,7 +347,7 @@ def test_compare_errors(storage, tmp_path, capsys):
 def test_table_renders_markdown_and_escapes_html():
     t = report.Table("T <x>", ["a", "b"], [["x|y", "<b>"]], note="n & m")
     md = "\n".join(t.markdown())
-    assert "| x\\|y | <b> |" in md and "|---|---:|" in md
+    assert "| x\\|y | &lt;b> |" in md and "|---|---:|" in md and "T &lt;x>" in md
     h = t.html()
     assert "&lt;b&gt;" in h and "T &lt;x&gt;" in h and "n &amp; m" in h
 

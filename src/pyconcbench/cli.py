@@ -177,8 +177,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.output:
         Path(args.output).write_text(text + "\n", encoding="utf8")
         print(f"pyconcbench: wrote {args.output}", file=sys.stderr)
-    else:
-        sys.stdout.write(text + "\n")
+    elif not _emit(text):
+        return 0  # `pyconcbench report | head`: the reader has gone
     if args.html:
         Path(args.html).write_text(report.to_html(head, secs, images, title), encoding="utf8")
         print(f"pyconcbench: wrote {args.html}", file=sys.stderr)
@@ -206,8 +206,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         if not any(gate.is_ab(b) for b in new.benchmarks):
             return _fail("compare needs a baseline and a new run: pyconcbench compare BASE [BASE ...] NEW "
                          f"(or one run of interleaved A/B cases; {new.name} has none)")
-        return _finish(args, gate.compare_runs([], new.benchmarks, rules, alpha), new,
-                       f"none: interleaved A/B cases in `{new.name}` (commit {new.commit}), B against A", [])
+        return _finish(args, _gated([], new, rules, alpha), new,
+                       f"none: interleaved A/B cases in {new.name} (commit {new.commit}), B against A", [])
     seen = {Path(new.path).resolve()}
     bases = []
     for run in load_runs(args.runs[:-1], args.storage):
@@ -222,11 +222,45 @@ def cmd_compare(args: argparse.Namespace) -> int:
                                  "pass --allow-machine-change to compare them anyway")
     except gate.MachineChanged as exc:
         return _fail(f"{exc} (new run: {new.name})")
-    result = gate.compare_runs([b.benchmarks for b in bases], new.benchmarks, rules, alpha)
-    names = ", ".join(f"`{b.name}`" for b in bases[:5]) + (" …" if len(bases) > 5 else "")
+    result = _gated(bases, new, rules, alpha)
+    names = ", ".join(b.name for b in bases[:5]) + (" …" if len(bases) > 5 else "")
     baseline = (f"{names} ({len(bases)} run{'s' if len(bases) > 1 else ''}, commit {bases[-1].commit}), "
-                f"new `{new.name}` (commit {new.commit})")
+                f"new {new.name} (commit {new.commit})")
     return _finish(args, result, new, baseline, diffs)
+
+
+def _gated(bases: Sequence[Run], new: Run, rules: Sequence[gate.Rule], alpha: float) -> gate.GateResult:
+    """gate.compare_runs over the runs; a pcb_fail_on marker saved in one of them that is not an
+    expression is a ResultsError naming its file."""
+    runs = list(bases) + [new]
+    for run in runs:
+        for bench in run.benchmarks:
+            try:
+                gate.marker_rules_of(bench)
+            except gate.GateSpecError as exc:
+                raise ResultsError(f"{run.path}: {exc}") from None
+    return gate.compare_runs([b.benchmarks for b in bases], new.benchmarks, rules, alpha)
+
+
+def _emit(text: str) -> bool:
+    """Writes ``text`` and a newline to stdout, flushed; False when the reader has closed the
+    pipe (stdout then goes to /dev/null, so nothing fails again at exit)."""
+    try:
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
+        return True
+    except BrokenPipeError:
+        _silence_stdout()
+        return False
+
+
+def _silence_stdout() -> None:
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # not a real file (captured in tests)
+        sys.stdout = open(os.devnull, "w")
 
 
 def _finish(args: argparse.Namespace, result: gate.GateResult, new: Run, baseline: str, diffs: Sequence[str]) -> int:
@@ -237,13 +271,13 @@ def _finish(args: argparse.Namespace, result: gate.GateResult, new: Run, baselin
     except ValueError as exc:  # a malformed A/B interval in the run
         return _fail(str(exc))
     text = gate.markdown(result, context=gate.context_lines(baseline, expr, diffs))
-    sys.stdout.write(text + "\n")
+    _emit(text)  # a closed stdout loses the summary, not the verdict
     if args.markdown:
         problem = gate.append_markdown(args.markdown, text)
         if problem:
             print(f"pyconcbench: cannot write --markdown {args.markdown}: {problem}", file=sys.stderr)
     for ch in result.regressions:
-        print(f"REGRESSION {ch.line()}", file=sys.stderr)
+        print(f"{'INVALID' if ch.status == 'invalid' else 'REGRESSION'} {ch.line()}", file=sys.stderr)
     if not result.changes:
         return _fail(f"nothing to gate: no benchmark in {new.name} has a metric of --fail-on {expr!r}")
     if result.missing and not args.allow_missing:
@@ -291,17 +325,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return cmd_compare(args)
     except (ResultsError, gate.GateSpecError) as exc:
         return _fail(str(exc))
+    except BrokenPipeError:
+        # `pyconcbench report | head`: stop quietly
+        _silence_stdout()
+        return 0
     except OSError as exc:
         # an output path that cannot be written (--png into a file, a read-only --html, ...)
         where = f" {exc.filename}" if getattr(exc, "filename", None) else ""
         return _fail(f"cannot write{where}: {exc.strerror or exc}")
-    except BrokenPipeError:
-        # `pyconcbench report | head`: stop quietly
-        try:
-            sys.stdout = open(os.devnull, "w")
-        except OSError:
-            pass
-        return 0
 
 
 if __name__ == "__main__":
