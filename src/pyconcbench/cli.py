@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
 from pyconcbench import gate, options, report
-from pyconcbench.report.results import DEFAULT_STORAGE, ResultsError, Run, load_runs, merged_benchmarks, split
+from pyconcbench.report.results import (DEFAULT_STORAGE, ResultsError, Run, load_runs, merged_benchmarks, one_line,
+                                        split)
 
 #: What ``pyconcbench compare`` gates when --fail-on is not given.
 DEFAULT_FAIL_ON = "msgs_per_s:-10%,requests_per_s:-10%,latency_p99:+25%,ns_per_op:+10%"
@@ -136,7 +138,7 @@ def _shared_options(args: argparse.Namespace) -> None:
 
 
 def _fail(msg: str) -> int:
-    print(f"pyconcbench: error: {msg}", file=sys.stderr)
+    print(f"pyconcbench: error: {one_line(msg)}", file=sys.stderr)
     return 2
 
 
@@ -171,6 +173,8 @@ def cmd_report(args: argparse.Namespace) -> int:
             out = Path(args.png)
             out.mkdir(parents=True, exist_ok=True)
             for name, data in images:
+                # the name holds saved text (the transport): never a path out of DIR
+                name = re.sub(r"[^A-Za-z0-9._-]", "_", name).lstrip(".") or "plot.png"
                 (out / name).write_bytes(data)
                 print(f"pyconcbench: wrote {out / name}", file=sys.stderr)
     text = report.to_markdown(head, secs, title)
@@ -277,14 +281,14 @@ def _finish(args: argparse.Namespace, result: gate.GateResult, new: Run, baselin
         if problem:
             print(f"pyconcbench: cannot write --markdown {args.markdown}: {problem}", file=sys.stderr)
     for ch in result.regressions:
-        print(f"{'INVALID' if ch.status == 'invalid' else 'REGRESSION'} {ch.line()}", file=sys.stderr)
+        print(f"{'INVALID' if ch.status == 'invalid' else 'REGRESSION'} {one_line(ch.line())}", file=sys.stderr)
     if not result.changes:
         return _fail(f"nothing to gate: no benchmark in {new.name} has a metric of --fail-on {expr!r}")
     if result.missing and not args.allow_missing:
         # pytest-benchmark leaves a benchmark that raised out of the saved run: a server that
         # crashes must not pass the gate by disappearing
         print(f"MISSING {len(result.missing)} benchmark(s) of the baseline are not in {new.name} (failed, "
-              f"skipped or removed; --allow-missing accepts that): " + ", ".join(result.missing[:5])
+              f"skipped or removed; --allow-missing accepts that): " + one_line(", ".join(result.missing[:5]))
               + (" …" if len(result.missing) > 5 else ""), file=sys.stderr)
         return 1
     return 1 if result.regressions else 0

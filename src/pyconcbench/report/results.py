@@ -96,12 +96,12 @@ def checked(path: str, data: Any) -> Run:
     bench, where, why = found
     if where == "benchmarks" and not bench:
         raise ResultsError(f"{path}: {why}")
-    what = f"benchmark {_printable(bench)}: " if bench else ""
-    raise ResultsError(f"{path}: {what}{_printable(where) or 'the benchmark'}: {why}")
+    what = f"benchmark {one_line(bench)}: " if bench else ""
+    raise ResultsError(f"{path}: {what}{one_line(where) or 'the benchmark'}: {why}")
 
 
-def _printable(text: str) -> str:
-    """A saved name as one line of a message: control characters escaped."""
+def one_line(text: str) -> str:
+    """Saved text as (part of) one line of a message: line breaks and control characters escaped."""
     return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
 
 
