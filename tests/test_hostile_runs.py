@@ -2,9 +2,7 @@
 schema check finds wrong with one line naming the file, the benchmark and the field (exit 2);
 NaN or an infinity never passes the gate; the marker saved in the new run never loosens its own
 gate; every Markdown and HTML text is escaped; a closed stdout ends `report` quietly."""
-import copy
 import json
-import math
 import re
 import subprocess
 import sys
@@ -12,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pyconcbench import cli, gate, metrics, report
+from pyconcbench import cli, gate, metrics
 
 import runfactory as rf
 
