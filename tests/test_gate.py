@@ -179,8 +179,9 @@ def test_compare_runs_matches_by_test_and_lists_the_missing():
     assert "Not in the new run (1)" in md
 
 
-def test_marker_thresholds_saved_in_the_results_are_honoured():
-    base = rf.echo("selectors", 10, BASE)
+def test_marker_thresholds_saved_in_the_baseline_are_honoured():
+    # the marker of the reviewed code (saved in the baseline) wins over the command line
+    base = rf.echo("selectors", 10, BASE, pcb_fail_on="msgs_per_s:-30%")
     new = rf.echo("selectors", 10, [80.0, 81.0, 79.0, 80.5, 79.5], pcb_fail_on="msgs_per_s:-30%")
     res = gate.compare_runs([base], [new], gate.parse_fail_on("msgs_per_s:-10%"))
     assert res.changes[0].status == "unchanged" and res.changes[0].threshold == pytest.approx(0.30)

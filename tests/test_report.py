@@ -347,7 +347,7 @@ def test_compare_errors(storage, tmp_path, capsys):
 def test_table_renders_markdown_and_escapes_html():
     t = report.Table("T <x>", ["a", "b"], [["x|y", "<b>"]], note="n & m")
     md = "\n".join(t.markdown())
-    assert "| x\\|y | <b> |" in md and "|---|---:|" in md
+    assert "| x\\|y | &lt;b> |" in md and "|---|---:|" in md and "T &lt;x>" in md
     h = t.html()
     assert "&lt;b&gt;" in h and "T &lt;x&gt;" in h and "n &amp; m" in h
 
@@ -361,3 +361,17 @@ def test_fairness_note_states_the_starving_rule_the_code_applies():
     assert "fewer than 10% of the mean round trips per connection" in note
     assert "no round trip" not in note  # the old note: a connection with 1 round trip of 100 is starving too
     assert loadgen.fairness([1, 100, 100, 99]).starving == 1
+
+
+def test_png_names_from_the_run_stay_in_the_folder_and_dollars_stay_text(tmp_path, capsys, matplotlib_fonts):
+    # a hostile saved run (issue 16): its transport is in the PNG names, its labels in the legends
+    benches = [rf.echo(impl, c, [100.0 * c, 101.0 * c], transport="../../escaped", label=label)
+               for impl, label in (("selectors", "$\\frac$"), ("threads", "threads")) for c in (1, 10)]
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(rf.run(benches)))
+    path = str(path)
+    out = tmp_path / "png"
+    assert cli.main(["report", path, "--png", str(out)]) == 0, capsys.readouterr().err
+    written = sorted(p.name for p in out.iterdir())
+    assert written and all("/" not in n and not n.startswith(".") for n in written), written
+    assert not (tmp_path / "escaped").exists() and not list(tmp_path.parent.glob("*escaped*"))

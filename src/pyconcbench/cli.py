@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
 from pyconcbench import gate, options, report
-from pyconcbench.report.results import DEFAULT_STORAGE, ResultsError, Run, load_runs, merged_benchmarks, split
+from pyconcbench.report.results import (DEFAULT_STORAGE, ResultsError, Run, load_runs, merged_benchmarks, one_line,
+                                        split)
 
 #: What ``pyconcbench compare`` gates when --fail-on is not given.
 DEFAULT_FAIL_ON = "msgs_per_s:-10%,requests_per_s:-10%,latency_p99:+25%,ns_per_op:+10%"
@@ -136,7 +138,7 @@ def _shared_options(args: argparse.Namespace) -> None:
 
 
 def _fail(msg: str) -> int:
-    print(f"pyconcbench: error: {msg}", file=sys.stderr)
+    print(f"pyconcbench: error: {one_line(msg)}", file=sys.stderr)
     return 2
 
 
@@ -171,14 +173,16 @@ def cmd_report(args: argparse.Namespace) -> int:
             out = Path(args.png)
             out.mkdir(parents=True, exist_ok=True)
             for name, data in images:
+                # the name holds saved text (the transport): never a path out of DIR
+                name = re.sub(r"[^A-Za-z0-9._-]", "_", name).lstrip(".") or "plot.png"
                 (out / name).write_bytes(data)
                 print(f"pyconcbench: wrote {out / name}", file=sys.stderr)
     text = report.to_markdown(head, secs, title)
     if args.output:
         Path(args.output).write_text(text + "\n", encoding="utf8")
         print(f"pyconcbench: wrote {args.output}", file=sys.stderr)
-    else:
-        sys.stdout.write(text + "\n")
+    elif not _emit(text):
+        return 0  # `pyconcbench report | head`: the reader has gone
     if args.html:
         Path(args.html).write_text(report.to_html(head, secs, images, title), encoding="utf8")
         print(f"pyconcbench: wrote {args.html}", file=sys.stderr)
@@ -206,8 +210,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         if not any(gate.is_ab(b) for b in new.benchmarks):
             return _fail("compare needs a baseline and a new run: pyconcbench compare BASE [BASE ...] NEW "
                          f"(or one run of interleaved A/B cases; {new.name} has none)")
-        return _finish(args, gate.compare_runs([], new.benchmarks, rules, alpha), new,
-                       f"none: interleaved A/B cases in `{new.name}` (commit {new.commit}), B against A", [])
+        return _finish(args, _gated([], new, rules, alpha), new,
+                       f"none: interleaved A/B cases in {new.name} (commit {new.commit}), B against A", [])
     seen = {Path(new.path).resolve()}
     bases = []
     for run in load_runs(args.runs[:-1], args.storage):
@@ -222,11 +226,45 @@ def cmd_compare(args: argparse.Namespace) -> int:
                                  "pass --allow-machine-change to compare them anyway")
     except gate.MachineChanged as exc:
         return _fail(f"{exc} (new run: {new.name})")
-    result = gate.compare_runs([b.benchmarks for b in bases], new.benchmarks, rules, alpha)
-    names = ", ".join(f"`{b.name}`" for b in bases[:5]) + (" …" if len(bases) > 5 else "")
+    result = _gated(bases, new, rules, alpha)
+    names = ", ".join(b.name for b in bases[:5]) + (" …" if len(bases) > 5 else "")
     baseline = (f"{names} ({len(bases)} run{'s' if len(bases) > 1 else ''}, commit {bases[-1].commit}), "
-                f"new `{new.name}` (commit {new.commit})")
+                f"new {new.name} (commit {new.commit})")
     return _finish(args, result, new, baseline, diffs)
+
+
+def _gated(bases: Sequence[Run], new: Run, rules: Sequence[gate.Rule], alpha: float) -> gate.GateResult:
+    """gate.compare_runs over the runs; a pcb_fail_on marker saved in one of them that is not an
+    expression is a ResultsError naming its file."""
+    runs = list(bases) + [new]
+    for run in runs:
+        for bench in run.benchmarks:
+            try:
+                gate.marker_rules_of(bench)
+            except gate.GateSpecError as exc:
+                raise ResultsError(f"{run.path}: {exc}") from None
+    return gate.compare_runs([b.benchmarks for b in bases], new.benchmarks, rules, alpha)
+
+
+def _emit(text: str) -> bool:
+    """Writes ``text`` and a newline to stdout, flushed; False when the reader has closed the
+    pipe (stdout then goes to /dev/null, so nothing fails again at exit)."""
+    try:
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
+        return True
+    except BrokenPipeError:
+        _silence_stdout()
+        return False
+
+
+def _silence_stdout() -> None:
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # not a real file (captured in tests)
+        sys.stdout = open(os.devnull, "w")
 
 
 def _finish(args: argparse.Namespace, result: gate.GateResult, new: Run, baseline: str, diffs: Sequence[str]) -> int:
@@ -237,20 +275,20 @@ def _finish(args: argparse.Namespace, result: gate.GateResult, new: Run, baselin
     except ValueError as exc:  # a malformed A/B interval in the run
         return _fail(str(exc))
     text = gate.markdown(result, context=gate.context_lines(baseline, expr, diffs))
-    sys.stdout.write(text + "\n")
+    _emit(text)  # a closed stdout loses the summary, not the verdict
     if args.markdown:
         problem = gate.append_markdown(args.markdown, text)
         if problem:
             print(f"pyconcbench: cannot write --markdown {args.markdown}: {problem}", file=sys.stderr)
     for ch in result.regressions:
-        print(f"REGRESSION {ch.line()}", file=sys.stderr)
+        print(f"{'INVALID' if ch.status == 'invalid' else 'REGRESSION'} {one_line(ch.line())}", file=sys.stderr)
     if not result.changes:
         return _fail(f"nothing to gate: no benchmark in {new.name} has a metric of --fail-on {expr!r}")
     if result.missing and not args.allow_missing:
         # pytest-benchmark leaves a benchmark that raised out of the saved run: a server that
         # crashes must not pass the gate by disappearing
         print(f"MISSING {len(result.missing)} benchmark(s) of the baseline are not in {new.name} (failed, "
-              f"skipped or removed; --allow-missing accepts that): " + ", ".join(result.missing[:5])
+              f"skipped or removed; --allow-missing accepts that): " + one_line(", ".join(result.missing[:5]))
               + (" …" if len(result.missing) > 5 else ""), file=sys.stderr)
         return 1
     return 1 if result.regressions else 0
@@ -291,17 +329,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return cmd_compare(args)
     except (ResultsError, gate.GateSpecError) as exc:
         return _fail(str(exc))
+    except BrokenPipeError:
+        # `pyconcbench report | head`: stop quietly
+        _silence_stdout()
+        return 0
     except OSError as exc:
         # an output path that cannot be written (--png into a file, a read-only --html, ...)
         where = f" {exc.filename}" if getattr(exc, "filename", None) else ""
         return _fail(f"cannot write{where}: {exc.strerror or exc}")
-    except BrokenPipeError:
-        # `pyconcbench report | head`: stop quietly
-        try:
-            sys.stdout = open(os.devnull, "w")
-        except OSError:
-            pass
-        return 0
 
 
 if __name__ == "__main__":

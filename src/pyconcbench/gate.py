@@ -12,6 +12,12 @@ point the worse way (``msgs_per_s:+10%`` is refused, as it would gate improvemen
 benchmark the last matching scoped item wins over the unscoped ones, and a
 ``@pytest.mark.pcb_fail_on("...")`` marker on the test wins over both.
 
+Offline (``compare_runs``), the marker is read from the saved runs, and the run under test
+cannot loosen its own gate: the marker saved in the **baseline** (the newest baseline run that
+has the test) wins as above, while the marker saved in the **new** run may only tighten -- a
+threshold of its that is smaller than the one in force, or a metric that is not gated otherwise,
+is applied; its ``off`` and its wider thresholds are ignored (the change's note says so).
+
 A change is a **regression** when the median of the new rounds is worse than the median of
 the baseline's rounds by more than the threshold **and** a one-sided Mann-Whitney U test over
 the two sets of per-round samples gives p <= alpha (default 0.05).  Beyond the threshold but
@@ -33,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from pyconcbench import stats
-from pyconcbench.metrics import AB, AB_PAIR_KEYS, METRICS, Metric, fmt_value  # noqa: F401 (gate.METRICS)
+from pyconcbench.metrics import AB, AB_PAIR_KEYS, METRICS, Metric, fmt_value, md_code, md_text  # noqa: F401 (gate.METRICS)
 
 DEFAULT_ALPHA = 0.05
 
@@ -98,10 +104,12 @@ def parse_fail_on(text: str) -> List[Rule]:
     return rules
 
 
-def rules_for(bench: Dict[str, Any], rules: Sequence[Rule],
-              marker_rules: Sequence[Rule] = ()) -> Dict[str, Optional[float]]:
+def rules_for(bench: Dict[str, Any], rules: Sequence[Rule], marker_rules: Sequence[Rule] = (),
+              tighten_only: Sequence[Rule] = (), ignored: Optional[List[Rule]] = None) -> Dict[str, Optional[float]]:
     """metric -> threshold (None = off) for one benchmark: unscoped rules, then the scoped
-    rules whose glob matches its group or test name (later wins), then the test's marker."""
+    rules whose glob matches its group or test name (later wins), then the test's marker; then
+    ``tighten_only`` (a marker saved in the run under test), each applied only where it is
+    stricter than what is in force -- the others are appended to ``ignored``."""
     group = bench.get("group") or ""
     names = (group, bench.get("name") or "", bench.get("fullname") or "")
     out: Dict[str, Optional[float]] = {}
@@ -113,6 +121,12 @@ def rules_for(bench: Dict[str, Any], rules: Sequence[Rule],
             out[rule.metric] = rule.threshold
     for rule in marker_rules:
         out[rule.metric] = rule.threshold
+    for rule in tighten_only:
+        now = out.get(rule.metric)
+        if rule.threshold is not None and (now is None or rule.threshold < now):
+            out[rule.metric] = rule.threshold
+        elif ignored is not None and (rule.threshold is None or rule.threshold > now):
+            ignored.append(rule)
     return out
 
 
@@ -130,26 +144,46 @@ def noisy_rounds(bench: Dict[str, Any]) -> int:
     return 0
 
 
+class BadValue(ValueError):
+    """A metric's value that is not a finite number (NaN, an infinity, a string ...)."""
+
+
+def _finite(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise BadValue(f"{value!r} is not a number")
+    try:
+        out = float(value)
+    except OverflowError:
+        raise BadValue("a number beyond any float") from None
+    if not math.isfinite(out):
+        raise BadValue(f"{value!r} is not a finite number")
+    return out
+
+
 def samples(bench: Dict[str, Any], metric: Metric) -> Tuple[Optional[float], List[float]]:
     """(summary value, per-round samples) of a metric in a saved benchmark, or (None, []).
-    Rounds the plugin kept although they were noisy (retries exhausted) are left out."""
-    info = bench.get("extra_info") or {}
+    Rounds the plugin kept although they were noisy (retries exhausted) are left out.
+    BadValue when the summary or a round's value is not a finite number."""
+    info = bench.get("extra_info")
+    info = info if isinstance(info, dict) else {}
     if metric.name == "time":
         # the clean rounds' own times (echo, ZeroMQ: seconds; switches: ns), else pytest-benchmark's
-        st = bench.get("stats") or {}
+        st = bench.get("stats")
+        st = st if isinstance(st, dict) else {}
         data: List[float] = []
         for key, field_, scale in (("rounds", "elapsed", 1.0), ("samples", "elapsed_ns", 1e-9)):
             rounds = info.get(key)
             if isinstance(rounds, list):
-                data = [float(r[field_]) * scale for r in rounds
-                        if isinstance(r, dict) and isinstance(r.get(field_), (int, float)) and not r.get("noisy")]
+                data = [_finite(r[field_]) * scale for r in rounds
+                        if isinstance(r, dict) and r.get(field_) is not None and not r.get("noisy")]
                 break
         else:
-            data = [float(v) for v in st.get("data") or []]
+            raw = st.get("data")
+            data = [_finite(v) for v in raw] if isinstance(raw, list) else []
         median = st.get("median")
         if median is None and data:
             median = statistics.median(data)
-        return (float(median) if median is not None else None), data
+        return (_finite(median) if median is not None else None), data
     for key, list_key, round_key in metric.sources:
         value = info.get(key)
         if value is None:
@@ -157,9 +191,9 @@ def samples(bench: Dict[str, Any], metric: Metric) -> Tuple[Optional[float], Lis
         rounds = info.get(list_key)
         data = []
         if isinstance(rounds, list):
-            data = [float(r[round_key]) for r in rounds
-                    if isinstance(r, dict) and isinstance(r.get(round_key), (int, float)) and not r.get("noisy")]
-        return float(value), data
+            data = [_finite(r[round_key]) for r in rounds
+                    if isinstance(r, dict) and r.get(round_key) is not None and not r.get("noisy")]
+        return _finite(value), data
     return None, []
 
 
@@ -189,11 +223,13 @@ class Change:
 
     @property
     def failed(self) -> bool:
-        return self.status == "regression"
+        return self.status in ("regression", "invalid")
 
     def line(self) -> str:
         """The one line a failing test item shows."""
         m = METRICS[self.metric]
+        if self.status == "invalid":
+            return f"{self.test}: {self.metric} cannot be judged: {self.note}"
         bound = ("-" if m.higher_is_better else "+") + f"{(self.threshold or 0) * 100:g}%"
         if self.low is not None:
             return (f"{self.test}: {self.metric} B/A {self.change + 1:.3f} [{self.low:.3f}, {self.high:.3f}] "
@@ -233,7 +269,12 @@ def compare_one(base: Bases, new: Dict[str, Any], metric_name: str,
     metric = METRICS[metric_name]
     test = new.get("name") or new.get("fullname") or "?"
     ch = Change(test=test, group=new.get("group") or "", metric=metric_name, threshold=threshold)
-    new_value, new_samples = samples(new, metric)
+    try:
+        new_value, new_samples = samples(new, metric)
+    except BadValue as exc:
+        # NaN or a string where the run's figure should be: never "unchanged"
+        ch.status, ch.note = "invalid", f"the new run's {metric_name}: {exc}"
+        return ch
     ch.n_new = len(new_samples)
     if new_value is None:
         ch.status = "no data"
@@ -241,7 +282,11 @@ def compare_one(base: Bases, new: Dict[str, Any], metric_name: str,
     ch.new = statistics.median(new_samples) if new_samples else new_value
     bases = []
     for b in _as_list(base):
-        value, data = samples(b, metric)
+        try:
+            value, data = samples(b, metric)
+        except BadValue as exc:
+            ch.status, ch.note = "invalid", f"the baseline's {metric_name}: {exc}"
+            return ch
         if value is not None:
             bases.append((value, data))
     if not bases:
@@ -389,15 +434,18 @@ def ab_verdict(higher_is_better: bool, low: float, high: float, threshold: Optio
     return "unchanged"
 
 
-def check_ab(bench: Dict[str, Any], rules: Sequence[Rule], marker_rules: Sequence[Rule] = ()) -> List[Change]:
+def check_ab(bench: Dict[str, Any], rules: Sequence[Rule], marker_rules: Sequence[Rule] = (),
+             own_rules: Sequence[Rule] = ()) -> List[Change]:
     """Every gated metric of one interleaved A/B case (family ``ab``): B/A's interval against
-    the threshold; no baseline run is involved."""
+    the threshold; no baseline run is involved.  ``own_rules``: the marker saved in the run
+    itself, applied only where it tightens (``rules_for``)."""
     info = bench.get("extra_info") or {}
     ivs = info.get("intervals") or {}
     sides = {s: info.get(s) or {} for s in ("a", "b")}
     test = bench.get("name") or bench.get("fullname") or "?"
     out = []
-    for metric, threshold in rules_for(bench, rules, marker_rules).items():
+    ignored: List[Rule] = []
+    for metric, threshold in rules_for(bench, rules, marker_rules, own_rules, ignored).items():
         iv = ivs.get(metric)
         key = AB_PAIR_KEYS.get(metric)
         if not isinstance(iv, dict) or key is None:
@@ -419,31 +467,51 @@ def check_ab(bench: Dict[str, Any], rules: Sequence[Rule], marker_rules: Sequenc
         if ch.confidence is not None and ch.confidence < 0.95 and ch.status in ("regression", "improved"):
             ch.note = (ch.note + "; " if ch.note else "") + f"only {ch.confidence * 100:.1f} % coverage: more pairs"
         out.append(ch)
-    return out
+    return _note_ignored(out, ignored)
+
+
+def _note_ignored(changes: List[Change], ignored: Sequence[Rule]) -> List[Change]:
+    """Says on each change which loosening of the new run's own marker was not applied."""
+    for ch in changes:
+        mine = [r.text() for r in ignored if r.metric == ch.metric]
+        if mine:
+            ch.note = ((ch.note + "; ") if ch.note else "") + (
+                f"the new run's own pcb_fail_on {', '.join(mine)} not applied: a run cannot loosen its own gate")
+    return changes
 
 
 def _num(value: Any) -> Optional[float]:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-def marker_rules_of(bench: Dict[str, Any]) -> List[Rule]:
-    """The rules of a test's ``pcb_fail_on`` marker, as the plugin saved them in extra_info."""
-    text = (bench.get("extra_info") or {}).get("pcb_fail_on")
-    return parse_fail_on(text) if text else []
+def marker_rules_of(bench: Optional[Dict[str, Any]]) -> List[Rule]:
+    """The rules of a test's ``pcb_fail_on`` marker, as the plugin saved them in extra_info;
+    GateSpecError naming the test when the saved expression is not one."""
+    info = (bench or {}).get("extra_info")
+    text = info.get("pcb_fail_on") if isinstance(info, dict) else None
+    if not text:
+        return []
+    try:
+        return parse_fail_on(str(text))
+    except GateSpecError as exc:
+        raise GateSpecError(f"{_key(bench or {})}: the pcb_fail_on marker saved in the run: {exc}") from None
 
 
 def check_bench(base: Bases, new: Dict[str, Any], rules: Sequence[Rule],
-                marker_rules: Sequence[Rule] = (), alpha: float = DEFAULT_ALPHA) -> List[Change]:
+                marker_rules: Sequence[Rule] = (), alpha: float = DEFAULT_ALPHA,
+                own_rules: Sequence[Rule] = ()) -> List[Change]:
     """Every gated metric of one benchmark that has it: against ``base``, or for an interleaved
-    A/B case against its own A side (``check_ab``; ``base`` is not used)."""
+    A/B case against its own A side (``check_ab``; ``base`` is not used).  ``marker_rules`` win
+    over ``rules``; ``own_rules`` (a marker saved in the new run) only ever tighten them."""
     if is_ab(new):
-        return check_ab(new, rules, marker_rules)
+        return check_ab(new, rules, marker_rules, own_rules)
     out = []
-    for metric, threshold in rules_for(new, rules, marker_rules).items():
+    ignored: List[Rule] = []
+    for metric, threshold in rules_for(new, rules, marker_rules, own_rules, ignored).items():
         ch = compare_one(base, new, metric, threshold, alpha)
         if ch.status != "no data":
             out.append(ch)
-    return out
+    return _note_ignored(out, ignored)
 
 
 def is_ab(bench: Dict[str, Any]) -> bool:
@@ -470,7 +538,12 @@ def compare_runs(base: Sequence[Any], new: Sequence[Dict[str, Any]], rules: Sequ
     for bench in new:
         key = _key(bench)
         seen.add(key)
-        result.changes.extend(check_bench(by_name.get(key), bench, rules, marker_rules_of(bench), alpha))
+        bases = by_name.get(key) or []
+        # the marker of the reviewed code (the newest baseline run that saved one) wins as on
+        # the command line; the new run's own marker may only tighten it
+        trusted = next((r for r in (marker_rules_of(b) for b in reversed(bases)) if r), [])
+        result.changes.extend(check_bench(bases or None, bench, rules, trusted, alpha,
+                                          own_rules=marker_rules_of(bench)))
     result.missing = sorted(k for k in by_name if k not in seen)
     return result
 
@@ -512,11 +585,12 @@ def check_facts(bases: Sequence[Tuple[str, Dict[str, Any]]], new_machine: Dict[s
 
 
 def context_lines(baseline: str, expr: str, diffs: Sequence[str], notes: Sequence[str] = ()) -> List[str]:
-    """The lines above the gate's Markdown table: what was compared with what, under which rules."""
-    lines = [f"Baseline {baseline}; fail-on `{expr}`."]
+    """The lines above the gate's Markdown table: what was compared with what, under which rules
+    (every text escaped for Markdown: file names and machine facts come from the saved runs)."""
+    lines = [f"Baseline {md_text(baseline)}; fail-on {md_code(expr, in_table=False)}."]
     if diffs:
-        lines.append("Machine facts differ (compared anyway): " + "; ".join(diffs))
-    return lines + [n for n in notes if n]
+        lines.append("Machine facts differ (compared anyway): " + md_text("; ".join(diffs)))
+    return lines + [md_text(n) for n in notes if n]
 
 
 def append_markdown(path: str, text: str) -> Optional[str]:
@@ -544,7 +618,7 @@ def rule_text(result: GateResult) -> str:
         text += "; for an interleaved A/B case, B/A's whole interval beyond the threshold"
     return text
 
-STATUS_ORDER = ("regression", "untested", "noisy", "within noise", "improved", "unchanged", "not gated",
+STATUS_ORDER = ("regression", "invalid", "untested", "noisy", "within noise", "improved", "unchanged", "not gated",
                 "no baseline")
 
 
@@ -564,7 +638,7 @@ def markdown(result: GateResult, title: str = "pyconcbench regression gate",
     lines.append("")
     if regs:
         for c in regs:
-            lines.append(f"- :x: `{c.line()}`")
+            lines.append(f"- :x: {md_code(c.line(), in_table=False)}")
         lines.append("")
     if result.changes:
         lines.append("| test | metric | threshold | baseline | new | change | p | rounds | status |")
@@ -579,12 +653,12 @@ def markdown(result: GateResult, title: str = "pyconcbench regression gate",
             if c.low is not None:
                 p = f"B/A [{c.low:.3f}, {c.high:.3f}]"
             status = c.status + (f" ({c.note})" if c.note else "")
-            lines.append(f"| `{c.test}` | {c.metric} | {thr} | {fmt_value(c.base, m)} | {fmt_value(c.new, m)} "
-                         f"| {fmt_change(c.change)} | {p} | {c.n_base}/{c.n_new} | {status} |")
+            lines.append(f"| {md_code(c.test)} | {c.metric} | {thr} | {fmt_value(c.base, m)} | {fmt_value(c.new, m)} "
+                         f"| {fmt_change(c.change)} | {p} | {c.n_base}/{c.n_new} | {md_text(status)} |")
         lines.append("")
     if result.missing:
         lines.append(f"Not in the new run ({len(result.missing)}): "
-                     + ", ".join(f"`{m}`" for m in result.missing[:20])
+                     + ", ".join(md_code(m, in_table=False) for m in result.missing[:20])
                      + (" …" if len(result.missing) > 20 else ""))
         lines.append("")
     return "\n".join(lines)

@@ -6,11 +6,15 @@ Every benchmark the suite saves is stamped ``pcb_family`` (``echo``, ``ceiling``
 ``zmq``, ``ab``: an interleaved A/B echo case, see ``pyconcbench.ab``) and ``pcb_schema`` (``SCHEMA_VERSION``) in its extra_info.  (The switch family's own
 ``family`` key is the language -- python, native, go -- hence the prefix.)  Runs saved before
 the stamp existed (schema 0) are recognised by the keys they hold.  A schema newer than this
-code is refused: ``SchemaError``, one line.  No pytest, no workload here: the report and the
+code is refused: ``SchemaError``, one line.  ``check_run`` checks a whole saved run against the
+fields the report and the gate read (``RUN_FIELDS``, ``BENCHMARK_FIELDS``, ``FAMILY_FIELDS``); ``md_text``/``md_code``
+escape saved text for Markdown.  No pytest, no workload here: the report and the
 gate read saved JSON through this module only.
 """
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
@@ -125,3 +129,261 @@ def fmt_value(value: Optional[float], metric: Metric) -> str:
     if metric.unit == "s":
         return f"{value * 1e3:.3f} ms"
     return f"{value:,.2f} {metric.unit}"
+
+
+# ---- the saved run's shape ------------------------------------------------------------------
+#
+# What a saved run must hold for the report and the gate to read it: each field they read, with
+# its kind.  ``check_run`` walks a run against it and names the first field that is wrong, so a
+# hostile or damaged file is refused in one line (pyconcbench.report.results) instead of
+# failing somewhere inside a table.  A field not listed is not read and not checked, except that
+# no number anywhere in a benchmark may be NaN or infinite.  An optional field may be absent or
+# null; a required one (``REQUIRED``) must hold a value.
+
+#: A measured figure beyond this magnitude is not a measurement (and would overflow the sums).
+MAX_MAGNITUDE = 1e18
+
+TEXT, COUNT, INTEGER, NUMBER, NONNEG, FLAG, SCALAR = "text", "count", "integer", "number", "nonneg", "flag", "scalar"
+
+
+@dataclass(frozen=True)
+class ListOf:
+    item: Any
+
+
+@dataclass(frozen=True)
+class MapOf:
+    value: Any
+
+
+@dataclass(frozen=True)
+class REQUIRED:
+    kind: Any
+
+
+_WHAT = {TEXT: "a string", COUNT: "a whole number >= 0", INTEGER: "a whole number", NUMBER: "a finite number",
+         NONNEG: "a finite number >= 0", FLAG: "true or false", SCALAR: "a string, number or true/false"}
+
+_ECHO_ROUND = {"msgs_per_s": NONNEG, "latency_p50_us": NONNEG, "latency_p90_us": NONNEG,
+               "latency_p95_us": NONNEG, "latency_p99_us": NONNEG, "server_cpu_us_per_msg": NUMBER,
+               "elapsed": NONNEG, "noisy": SCALAR}
+_LATENCIES = {k: NONNEG for k in ("latency_p50_us", "latency_p90_us", "latency_p95_us", "latency_p99_us")}
+_INTERVAL = {"ratio": REQUIRED(NUMBER), "low": REQUIRED(NUMBER), "high": REQUIRED(NUMBER),
+             "confidence": REQUIRED(NUMBER), "pairs": COUNT}
+_ENVIRONMENT = {"given": TEXT, "executable": TEXT, "python": TEXT, "pyconcbench": TEXT,
+                "libraries": MapOf(SCALAR), "env": MapOf(SCALAR)}
+_AB_SIDE = {"environment": _ENVIRONMENT, "msgs_per_s": NONNEG, **_LATENCIES, "server_cpu_us_per_msg": NUMBER,
+            "rounds": ListOf(_ECHO_ROUND)}
+
+#: extra_info of each family: key -> kind (a kind, a nested dict, ListOf, MapOf, REQUIRED(kind)).
+FAMILY_FIELDS: Dict[str, Dict[str, Any]] = {
+    ECHO: {"impl": REQUIRED(TEXT), "label": TEXT, "connections": REQUIRED(COUNT), "size": REQUIRED(COUNT),
+           "transport": REQUIRED(TEXT), "msgs_per_s": REQUIRED(NONNEG), "mib_per_s": NONNEG, **_LATENCIES,
+           "server_cpu_us_per_msg": NUMBER, "server_user_share": NUMBER, "server_cpu_share": NUMBER,
+           "loadgen_cpu_share": NUMBER, "loadgen_bound": FLAG, "noisy_rounds_kept": COUNT,
+           "fairness_jain": NUMBER, "fairness_min": NUMBER, "fairness_max": NUMBER,
+           "starving_connections": COUNT, "plain": FLAG, "malloc": TEXT,
+           "alloc_syscalls_per_msg": MapOf(NUMBER), "rounds": ListOf(_ECHO_ROUND)},
+    CEILING: {"impl": TEXT, "connections": REQUIRED(COUNT), "size": COUNT, "transport": TEXT,
+              "msgs_per_s": REQUIRED(NONNEG), "engine_msgs_per_s": NONNEG, "engine_to_ceiling": NUMBER,
+              "engine_to_ceiling_paired_median": NUMBER, "loadgen_cpu_share": NUMBER,
+              "rounds": ListOf(_ECHO_ROUND)},
+    SWITCH: {"micro": REQUIRED(TEXT), "case": REQUIRED(TEXT), "ns_per_op": REQUIRED(NUMBER), "group": TEXT,
+             "op": TEXT, "family": TEXT, "ns_per_op_min": NUMBER, "ns_per_op_max": NUMBER, "study_ns": NUMBER,
+             "spread_pct": NUMBER, "ratio_to_study": NUMBER, "depth": COUNT, "noisy_rounds_kept": COUNT,
+             "pinning": TEXT, "parent_rss_kib": NUMBER,
+             "samples": ListOf({"ns_per_op": NUMBER, "elapsed_ns": NONNEG, "noisy": SCALAR})},
+    ZMQ: {"mode": REQUIRED(TEXT), "requests_per_s": REQUIRED(NONNEG), "size": COUNT, "inflight": COUNT,
+          "transport": TEXT, "placement": TEXT, "pinning": TEXT, **_LATENCIES, "cpu_us_per_req": NUMBER,
+          "study_requests_per_s": NONNEG,
+          "rounds": ListOf({"requests_per_s": NONNEG, **_LATENCIES, "cpu_us_per_req": NUMBER,
+                            "elapsed": NONNEG, "noisy": SCALAR})},
+    AB: {"impl": TEXT, "label": TEXT, "connections": COUNT, "size": COUNT, "transport": TEXT, "malloc": TEXT,
+         "plain": FLAG, "pairs": ListOf({"order": TEXT, "noisy": SCALAR, **{m: NUMBER for m in AB_PAIR_KEYS}}),
+         "intervals": MapOf(_INTERVAL), "a": _AB_SIDE, "b": _AB_SIDE},
+    OTHER: {},
+}
+for _fields in FAMILY_FIELDS.values():
+    _fields["pcb_fail_on"] = TEXT  # a test's pcb_fail_on marker, as the plugin saved it
+
+#: Each benchmark, around its extra_info.
+BENCHMARK_FIELDS: Dict[str, Any] = {
+    "name": TEXT, "fullname": TEXT, "group": TEXT,
+    "stats": {"median": NUMBER, "data": ListOf(NUMBER)},
+}
+
+#: The run, around its benchmarks.
+RUN_FIELDS: Dict[str, Any] = {
+    "datetime": TEXT,
+    "commit_info": {"id": TEXT, "dirty": FLAG},
+    "machine_info": {
+        "python_version": TEXT, "python_implementation": TEXT, "python_compiler": TEXT, "release": TEXT,
+        "cpu": {"brand_raw": TEXT},
+        "pyconcbench": {"python": TEXT, "python_implementation": TEXT, "cpu_model": TEXT, "kernel": TEXT,
+                        "cpus_online": COUNT, "fd_limit": {"soft": SCALAR, "hard": SCALAR},
+                        "libraries": MapOf(SCALAR), "settings": {"profile": TEXT, "pinning": TEXT}},
+    },
+}
+
+
+def _finite(value: Any) -> bool:
+    try:
+        return math.isfinite(value) and abs(value) <= MAX_MAGNITUDE
+    except OverflowError:  # an int beyond any float
+        return False
+
+
+def _kind_problem(value: Any, kind: str) -> Optional[str]:
+    if kind == TEXT:
+        return None if isinstance(value, str) else "expected " + _WHAT[kind]
+    if kind == FLAG:
+        return None if isinstance(value, bool) else "expected " + _WHAT[kind]
+    if kind == SCALAR:
+        ok = isinstance(value, (str, bool)) or (isinstance(value, (int, float)) and _finite(value))
+        return None if ok else "expected " + _WHAT[kind]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return "expected " + _WHAT[kind]
+    if not _finite(value):
+        return f"not a finite number within ±{MAX_MAGNITUDE:g}"
+    if kind in (COUNT, INTEGER) and not isinstance(value, int):
+        return "expected " + _WHAT[kind]
+    if kind in (COUNT, NONNEG) and value < 0:
+        return "expected " + _WHAT[kind]
+    return None
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def check_fields(value: Any, spec: Any, where: str) -> Optional[Tuple[str, str]]:
+    """The first field of ``value`` that does not match ``spec``: (its path, what is wrong), or
+    None.  ``where`` is the path of ``value`` itself."""
+    if isinstance(spec, REQUIRED):
+        spec = spec.kind
+    if isinstance(spec, dict):
+        if not isinstance(value, dict):
+            return where, f"expected an object, got {_short(value)}"
+        for key, sub in spec.items():
+            item = value.get(key)
+            path = f"{where}.{key}" if where else key
+            if item is None:
+                if isinstance(sub, REQUIRED):
+                    return path, "missing" if key not in value else "null"
+                continue
+            found = check_fields(item, sub, path)
+            if found:
+                return found
+        return None
+    if isinstance(spec, ListOf):
+        if not isinstance(value, list):
+            return where, f"expected a list, got {_short(value)}"
+        for n, item in enumerate(value):
+            found = check_fields(item, spec.item, f"{where}[{n}]") if item is not None else None
+            if found:
+                return found
+        return None
+    if isinstance(spec, MapOf):
+        if not isinstance(value, dict):
+            return where, f"expected an object, got {_short(value)}"
+        for key, item in value.items():
+            found = check_fields(item, spec.value, f"{where}.{key}") if item is not None else None
+            if found:
+                return found
+        return None
+    problem = _kind_problem(value, spec)
+    return (where, f"{problem}, got {_short(value)}") if problem else None
+
+
+def non_finite(value: Any, where: str) -> Optional[str]:
+    """The path of the first NaN, infinite or float-overflowing number anywhere in ``value``."""
+    stack = [(value, where)]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, dict):
+            stack.extend((v, f"{path}.{k}") for k, v in reversed(list(item.items())))
+        elif isinstance(item, list):
+            stack.extend((v, f"{path}[{n}]") for n, v in reversed(list(enumerate(item))))
+        elif isinstance(item, float) and not math.isfinite(item):
+            return path
+        elif isinstance(item, int) and not isinstance(item, bool):
+            try:
+                float(item)
+            except OverflowError:
+                return path
+    return None
+
+
+def check_benchmark(bench: Any) -> Optional[Tuple[str, str]]:
+    """The first problem of one saved benchmark as (field, what is wrong), or None: its own
+    fields, its family's stamp and extra_info (FAMILY_FIELDS), and no NaN or infinity anywhere."""
+    if not isinstance(bench, dict):
+        return "", f"expected an object, got {_short(bench)}"
+    found = check_fields(bench, BENCHMARK_FIELDS, "")
+    if found:
+        return found
+    info = bench.get("extra_info")
+    if info is not None and not isinstance(info, dict):
+        return "extra_info", f"expected an object, got {_short(info)}"
+    try:
+        fam = family_of(info or {})
+    except SchemaError as exc:
+        return "extra_info", str(exc).split(": ", 1)[-1]
+    found = check_fields(info or {}, FAMILY_FIELDS[fam], "extra_info")
+    if found:
+        return found
+    if fam == AB:
+        for metric, iv in ((info or {}).get("intervals") or {}).items():
+            if isinstance(iv, dict) and not 0 < iv["low"] <= iv["ratio"] <= iv["high"]:
+                return f"extra_info.intervals.{metric}", "not an interval: needs 0 < low <= ratio <= high"
+    path = non_finite(bench, "")
+    if path is not None:
+        return path.lstrip("."), "not a finite number"
+    return None
+
+
+def check_run(data: Any) -> Optional[Tuple[str, str, str]]:
+    """The first problem of a saved run as (benchmark, field, what is wrong); benchmark is ''
+    for a field of the run itself.  None when the report and the gate can read all of it."""
+    if not isinstance(data, dict) or not isinstance(data.get("benchmarks"), list):
+        return "", "benchmarks", "not a pytest-benchmark run (no 'benchmarks' list)"
+    found = check_fields(data, RUN_FIELDS, "")
+    if found:
+        return ("",) + found
+    for n, bench in enumerate(data["benchmarks"]):
+        found = check_benchmark(bench)
+        if found:
+            name = bench.get("fullname") or bench.get("name") if isinstance(bench, dict) else None
+            label = name if isinstance(name, str) and name else f"#{n}"
+            return (label,) + found
+    return None
+
+
+# ---- saved text in Markdown -------------------------------------------------------------------
+
+_MD = str.maketrans({"\\": "\\\\", "|": "\\|", "\n": " ", "\r": " ", "\t": " ", "\x0b": " ", "\x0c": " ",
+                     "\x85": " ", "\u2028": " ", "\u2029": " "})
+#: What could begin HTML in Markdown: '<' before a tag name, '/', '!' or '?' (a tag, comment,
+#: declaration or autolink) and '&' before a name or '#' (an entity).  '<=', '< 5', '->' stay.
+_MD_HTML = re.compile(r"<(?=[A-Za-z/!?])|&(?=[A-Za-z0-9#])")
+
+
+def md_text(text: Any) -> str:
+    """``text`` for a Markdown line or table cell of ours: every '<' that could open a tag and
+    every '&' that could start an entity as entities (no markup of a saved run reaches
+    $GITHUB_STEP_SUMMARY), ``|`` escaped (no extra cell), line breaks as spaces (no extra line:
+    no heading, list or table row of its own), a backslash doubled (it cannot escape our '|')."""
+    text = str(text).translate(_MD)
+    text = "".join(ch if ch.isprintable() or ch == " " else " " for ch in text)
+    return _MD_HTML.sub(lambda m: "&lt;" if m.group() == "<" else "&amp;", text)
+
+
+def md_code(text: Any, in_table: bool = True) -> str:
+    """``text`` as a Markdown code span when that is safe (nothing in it can end the span or
+    open a tag: no backtick, ``<`` or line break), else as ``md_text``.  In a table a ``|``
+    is escaped (GFM reads ``\\|`` inside a code span there as the character)."""
+    text = str(text)
+    if any(ch in text for ch in "`<\\") or not text.isprintable():
+        return md_text(text)
+    return "`" + (text.replace("|", "\\|") if in_table else text) + "`"

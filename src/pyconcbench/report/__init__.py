@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from pyconcbench import stats
+from pyconcbench.metrics import md_text
 from pyconcbench.report import ab_tables, echo_tables as summary
 from pyconcbench.stats import STARVING_SHARE
 from pyconcbench.report.switch_tables import fmt_ns
@@ -43,14 +44,16 @@ class Table:
     right: Optional[List[bool]] = None
 
     def markdown(self) -> List[str]:
+        """The table in GitHub Markdown; every text escaped (``metrics.md_text``): names and
+        labels come from the saved runs."""
         right = self.right or [False] + [True] * (len(self.head) - 1)
-        out = [f"### {self.title}", ""]
+        out = [f"### {md_text(self.title)}", ""]
         if self.note:
-            out += [self.note, ""]
-        out.append("| " + " | ".join(self.head) + " |")
+            out += [md_text(self.note), ""]
+        out.append("| " + " | ".join(md_text(h) for h in self.head) + " |")
         out.append("|" + "|".join("---:" if r else "---" for r in right) + "|")
         for row in self.rows:
-            out.append("| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |")
+            out.append("| " + " | ".join(md_text(cell) for cell in row) + " |")
         out.append("")
         return out
 
@@ -77,6 +80,11 @@ class Section:
 
 
 # ---- formatting -------------------------------------------------------------------------
+
+def _or(value: Any, default: Any) -> Any:
+    """``value``, or ``default`` when it is absent (None): unlike ``or``, 0 stays 0."""
+    return default if value is None else value
+
 
 def fmt_int(v: Optional[float]) -> str:
     return "-" if v is None else f"{v:,.0f}"
@@ -208,7 +216,8 @@ def echo_scale_tables(infos: Sequence[Dict[str, Any]], transport: str, size: int
 
     def fair_cell(i: Dict[str, Any], c: Any) -> str:
         jain = i.get("fairness_jain")
-        text = f"{jain:.3f} [{i.get('fairness_min', '?'):,}–{i.get('fairness_max', '?'):,}]" if jain is not None else "-"
+        text = (f"{jain:.3f} [{fmt_int(i.get('fairness_min'))}–{fmt_int(i.get('fairness_max'))}]"
+                if jain is not None else "-")
         starving = i.get("starving_connections")
         return text + (f" ⚠ {starving} starving" if starving else "")
 
@@ -227,7 +236,7 @@ def echo_size_table(infos: Sequence[Dict[str, Any]], transport: str, connections
                   "msgs/s (verified round trips per second) · MiB/s (payload one way)",
                   cols, size_label, labels, cells,
                   lambda i, c: ("≥" if i.get("loadgen_bound") else "") + f"{i['msgs_per_s']:,.0f} · "
-                  f"{i.get('mib_per_s', i['msgs_per_s'] * c / (1 << 20)):,.1f} MiB/s")
+                  f"{_or(i.get('mib_per_s'), i['msgs_per_s'] * c / (1 << 20)):,.1f} MiB/s")
 
 
 ALLOCATOR_NOTE = (
@@ -261,10 +270,10 @@ def harness_check_table(infos: Sequence[Dict[str, Any]]) -> Optional[Table]:
 
         def find(plain: bool, malloc: str) -> Optional[Dict[str, Any]]:
             return next((i for i in group if bool(i.get("plain")) == plain
-                         and i.get("malloc", "representative") == malloc), None)
+                         and (i.get("malloc") or "representative") == malloc), None)
 
-        for i in sorted(group, key=lambda i: (bool(i.get("plain")), i.get("malloc", ""))):
-            malloc = i.get("malloc", "representative")
+        for i in sorted(group, key=lambda i: (bool(i.get("plain")), i.get("malloc") or "")):
+            malloc = i.get("malloc") or "representative"
             plain_ref = None if i.get("plain") else find(True, malloc)
             rep = find(bool(i.get("plain")), "representative") if malloc != "representative" else None
             ratio = i["msgs_per_s"] / plain_ref["msgs_per_s"] if plain_ref and plain_ref.get("msgs_per_s") else None
@@ -306,12 +315,12 @@ def echo_section(echo: Sequence[Dict[str, Any]], ceiling: Sequence[Dict[str, Any
         sec.tables.append(checks)
     if ceiling:
         rows = []
-        for b in sorted(ceiling, key=lambda b: b["extra_info"].get("connections", 0)):
+        for b in sorted(ceiling, key=lambda b: b["extra_info"]["connections"]):
             i = b["extra_info"]
             judged = i.get("engine_to_ceiling_paired_median", i.get("engine_to_ceiling"))
             flag = (f" ⚠ below {summary.ENGINE_CEILING_FLOOR:.2f}"
                     if isinstance(judged, (int, float)) and judged < summary.ENGINE_CEILING_FLOOR else "")
-            rows.append([f"{i.get('connections', '?'):,} conns × {size_label(i.get('size', 64))}",
+            rows.append([f"{i['connections']:,} conns × {size_label(_or(i.get('size'), 64))}",
                          fmt_int(i.get("msgs_per_s")), fmt_int(i.get("engine_msgs_per_s")),
                          fmt_f(i.get("engine_to_ceiling"), ".2f") + flag, fmt_pct(i.get("loadgen_cpu_share"))])
         sec.tables.append(Table("Load generator ceiling",
@@ -336,9 +345,9 @@ def switch_section(switch: Sequence[Dict[str, Any]]) -> Optional[Section]:
     infos = [b["extra_info"] for b in switch]
     order = {g: n for n, g in enumerate(GROUP_ORDER)}
     rows = []
-    for i in sorted(infos, key=lambda i: (order.get(i.get("group"), 99), i.get("depth") or 0, i.get("ns_per_op", 0))):
+    for i in sorted(infos, key=lambda i: (order.get(i.get("group"), 99), i.get("depth") or 0, i["ns_per_op"])):
         study = i.get("study_ns")
-        rows.append([i.get("micro", "?"), i.get("group", ""), i.get("op", ""), fmt_ns(i.get("ns_per_op")),
+        rows.append([i["micro"], i.get("group") or "", i.get("op") or "", fmt_ns(i.get("ns_per_op")),
                      f"{fmt_ns(i.get('ns_per_op_min'))}–{fmt_ns(i.get('ns_per_op_max'))}",
                      fmt_ns(study) if study is not None else ""])
     sec.tables.append(Table("Switch costs (ns per operation)",
@@ -375,7 +384,7 @@ def zmq_section(zmq: Sequence[Dict[str, Any]]) -> Optional[Section]:
         for i in infos:
             by_mode[(i.get("mode"), i.get("size"), i.get("inflight"), i.get("transport"), i.get("placement"))] = i
     for group in sorted(groups):
-        infos = sorted(groups[group], key=lambda i: -i.get("requests_per_s", 0))
+        infos = sorted(groups[group], key=lambda i: -i["requests_per_s"])
         fastest = infos[0].get("requests_per_s") or 0
         first = infos[0]
         placement = first.get("placement")
@@ -384,7 +393,7 @@ def zmq_section(zmq: Sequence[Dict[str, Any]]) -> Optional[Section]:
         show_two = any(two)
         rows = []
         for n, i in enumerate(infos):
-            row = [i.get("mode", "?"), f"{i['requests_per_s']:,.0f}{spread(i, 'requests_per_s')}",
+            row = [i["mode"], f"{i['requests_per_s']:,.0f}{spread(i, 'requests_per_s')}",
                    fmt_f(i["requests_per_s"] / fastest, ".2f") if fastest else "-",
                    fmt_f(i.get("latency_p50_us"), ",.1f"), fmt_f(i.get("latency_p99_us"), ",.1f"),
                    fmt_f(i.get("cpu_us_per_req"), ".2f"), fmt_int(i.get("study_requests_per_s"))]
@@ -394,8 +403,8 @@ def zmq_section(zmq: Sequence[Dict[str, Any]]) -> Optional[Section]:
                         fmt_f(i["requests_per_s"] / other["requests_per_s"], ".2f")
                         if other and other.get("requests_per_s") else ""]
             rows.append(row)
-        where = (f"{size_label(first.get('size', 0))} requests, {first.get('inflight', '?')} in flight, "
-                 f"{first.get('transport', '?')}")
+        where = (f"{size_label(first.get('size') or 0)} requests, {_or(first.get('inflight'), '?')} in flight, "
+                 f"{first.get('transport') or '?'}")
         place = {"1cpu": "1cpu: every thread on one CPU", "2cpu": "2cpu: client thread on one CPU, the rest on "
                  "the other", "off": "pinning off", None: "client thread only pinned (before placement)"}
         head = ["mode", "requests/s", "x fastest", "p50 µs", "p99 µs", "client CPU µs/req", "study req/s"]
@@ -435,7 +444,7 @@ def header_lines(runs: Sequence[Run]) -> List[str]:
         fd = f.get("fd_limit") or {}
         out.append(f"- **{run.label}** — {run.data.get('datetime', '?')}, commit {run.commit}, "
                    f"{len(run.benchmarks)} benchmarks")
-        out.append(f"  - machine: {f.get('cpu_model') or m.get('cpu', {}).get('brand_raw', '?')}, "
+        out.append(f"  - machine: {f.get('cpu_model') or (m.get('cpu') or {}).get('brand_raw') or '?'}, "
                    f"{f.get('cpus_online', '?')} CPUs online, Linux {f.get('kernel') or m.get('release', '?')}, "
                    f"fd limit {fd.get('soft', '?')}/{fd.get('hard', '?')}")
         out.append(f"  - Python {run.python_label} ({m.get('python_compiler', '?')}); profile "
@@ -454,12 +463,15 @@ def sections(fams: Families) -> List[Section]:
 
 
 def to_markdown(head: List[str], secs: Sequence[Section], title: str = "pyconcbench report") -> str:
-    lines = [f"# {title}", ""] + head + [""]
+    """The report in GitHub Markdown.  ``head`` and each section's ``text`` are plain lines (a
+    leading '- ' is a list item, '**' bold): their text is escaped here (``metrics.md_text``),
+    as every table's is, since run names, machine facts and labels come from the saved runs."""
+    lines = [f"# {md_text(title)}", ""] + [md_text(line) for line in head] + [""]
     if not secs:
         lines += ["No pyconcbench benchmarks in these runs.", ""]
     for sec in secs:
-        lines += [f"## {sec.title}", ""]
-        lines += sec.text
+        lines += [f"## {md_text(sec.title)}", ""]
+        lines += [md_text(line) for line in sec.text]
         for t in sec.tables:
             lines += t.markdown()
     return "\n".join(lines)
@@ -495,6 +507,9 @@ def to_html(head: List[str], secs: Sequence[Section], images: Sequence[Tuple[str
                          f"<figcaption>{html.escape(name)}</figcaption></figure>")
     for sec in secs:
         parts.append(f"<h2>{html.escape(sec.title)}</h2>")
+        if sec.text:
+            parts.append("<ul>" + "".join(f"<li>{html.escape(line.strip().removeprefix('- '))}</li>"
+                                          for line in sec.text) + "</ul>")
         for t in sec.tables:
             parts.append(t.html())
     parts.append("</body></html>")

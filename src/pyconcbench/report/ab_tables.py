@@ -60,11 +60,11 @@ def environments(infos: Sequence[Dict[str, Any]]) -> List[str]:
 
 def rows(infos: Sequence[Dict[str, Any]]) -> List[List[str]]:
     out = []
-    for info in sorted(infos, key=lambda i: (i.get("transport", ""), i.get("size", 0), i.get("connections", 0),
-                                             i.get("label", ""))):
+    for info in sorted(infos, key=lambda i: (i.get("transport") or "", i.get("size") or 0, i.get("connections") or 0,
+                                             i.get("label") or "")):
         ivs = info.get("intervals") or {}
         a, b = info.get("a") or {}, info.get("b") or {}
-        out.append([case_label(info), f"{a.get('msgs_per_s', 0):,.0f}", f"{b.get('msgs_per_s', 0):,.0f}",
+        out.append([case_label(info), f"{a.get('msgs_per_s') or 0:,.0f}", f"{b.get('msgs_per_s') or 0:,.0f}",
                     _ratio(ivs.get("msgs_per_s", {})), _ratio(ivs.get("latency_p99", {})),
                     _ratio(ivs.get("server_cpu_us_per_msg", {})), str(len(info.get("pairs") or [])),
                     _verdict(ivs.get("msgs_per_s", {}))])

@@ -83,7 +83,7 @@ def _lines(plt, series: Dict[str, List[Tuple[float, float]]], title: str, xlabel
         ax.set_xticks([t[0] for t in xticks])
         ax.set_xticklabels([t[1] for t in xticks])
         ax.minorticks_off() if not logy else None
-    ax.set_title(title)
+    ax.set_title(_plain(title))
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.grid(True, which="major", alpha=0.3)
@@ -97,7 +97,12 @@ def _lines(plt, series: Dict[str, List[Tuple[float, float]]], title: str, xlabel
 
 
 def _label(info: Dict[str, Any]) -> str:
-    return info.get("label") or info.get("impl") or "?"
+    return _plain(info.get("label") or info.get("impl") or "?")
+
+
+def _plain(text: str) -> str:
+    """A saved name as matplotlib text: a '$' would start mathtext (and bad TeX fails the plot)."""
+    return str(text).replace("$", r"\$")
 
 
 def plot_all(fams: Families) -> Tuple[List[Tuple[str, bytes]], List[str]]:
@@ -190,10 +195,10 @@ def _depth_plot(plt, depth: Dict[str, List[Tuple[float, float]]], depths: List[i
         xs = [p[0] for p in pts]
         ys = [p[1] for p in pts]
         color = plt.get_cmap("tab10")(n)
-        ax.plot(xs, ys, "o", color=color, label=f"{kind} (measured)")
+        ax.plot(xs, ys, "o", color=color, label=_plain(f"{kind} (measured)"))
         slope, intercept, r2 = fit_line(xs, ys)
         ax.plot([0, max(xs)], [intercept, intercept + slope * max(xs)], "-", color=color, alpha=0.6,
-                label=f"{kind}: {slope:.1f} ns/level + {intercept:.0f} ns (r²={r2:.3f})")
+                label=_plain(kind) + f": {slope:.1f} ns/level + {intercept:.0f} ns (r²={r2:.3f})")
     ax.set_title("Cost of one switch through a delegation chain, by depth")
     ax.set_xlabel("depth (levels of yield from / await)")
     ax.set_ylabel("ns per switch")
@@ -215,7 +220,7 @@ def _bars(plt, rows: List[Dict[str, Any]]) -> bytes:
     values = [max(i["ns_per_op"], 0.01) for i in rows]
     ax.barh(list(ys), values, color=[FAMILY_COLOURS.get(i.get("family"), "#999999") for i in rows])
     ax.set_yticks(list(ys))
-    ax.set_yticklabels([i.get("micro", "?") for i in rows], fontsize=7.5)
+    ax.set_yticklabels([_plain(i.get("micro") or "?") for i in rows], fontsize=7.5)
     ax.set_xscale("log")
     for y, v in zip(ys, values):
         ax.text(v * 1.08, y, f"{v:,.1f}" if v < 1000 else f"{v:,.0f}", va="center", fontsize=6.5)

@@ -4,6 +4,10 @@ and the benchmarks in them sorted into the workload families the reports know.
 A RUN names saved runs the way ``--benchmark-compare`` does: a path to a JSON file, or a
 prefix of a file name in the storage folder (``0003``, ``0003_abc*``, ``Linux-CPython-3.11-64bit/0003``).
 No RUN means the newest saved run.
+
+Every run is checked on load against the result schema (``metrics.check_run``): a field of the
+wrong kind, a missing one the reports need, NaN or an infinity is refused with one line naming
+the file, the benchmark and the field (``ResultsError``), before any table or gate reads it.
 """
 from __future__ import annotations
 
@@ -30,16 +34,16 @@ class Run:
 
     @property
     def benchmarks(self) -> List[Dict[str, Any]]:
-        return self.data.get("benchmarks", [])
+        return self.data.get("benchmarks") or []
 
     @property
     def machine(self) -> Dict[str, Any]:
-        return self.data.get("machine_info", {})
+        return self.data.get("machine_info") or {}
 
     @property
     def facts(self) -> Dict[str, Any]:
         """pyconcbench's own machine facts (CPU, kernel, fd limit, pinning, libraries)."""
-        return self.machine.get("pyconcbench", {})
+        return self.machine.get("pyconcbench") or {}
 
     @property
     def python(self) -> str:
@@ -64,7 +68,7 @@ class Run:
 
     @property
     def commit(self) -> str:
-        info = self.data.get("commit_info", {})
+        info = self.data.get("commit_info") or {}
         cid = info.get("id") or ""
         dirty = " (uncommitted changes)" if info.get("dirty") else ""
         return (cid[:12] + dirty) if cid else "?"
@@ -83,6 +87,24 @@ class _Quiet:
         pass
 
 
+def checked(path: str, data: Any) -> Run:
+    """A run read from ``path``, once the schema check passed: ResultsError naming the file, the
+    benchmark and the field otherwise."""
+    found = metrics.check_run(data)
+    if found is None:
+        return Run(path, data)
+    bench, where, why = found
+    if where == "benchmarks" and not bench:
+        raise ResultsError(f"{path}: {why}")
+    what = f"benchmark {one_line(bench)}: " if bench else ""
+    raise ResultsError(f"{path}: {what}{one_line(where) or 'the benchmark'}: {why}")
+
+
+def one_line(text: str) -> str:
+    """Saved text as (part of) one line of a message: line breaks and control characters escaped."""
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+
+
 def _read_file(path: Path) -> Run:
     try:
         data = json.loads(path.read_text(encoding="utf8"))
@@ -90,9 +112,9 @@ def _read_file(path: Path) -> Run:
         raise ResultsError(f"{path}: cannot read it: {exc.strerror or exc}") from None
     except ValueError as exc:
         raise ResultsError(f"{path}: not a JSON file: {exc}") from None
-    if not isinstance(data, dict) or not isinstance(data.get("benchmarks"), list):
-        raise ResultsError(f"{path}: not a pytest-benchmark run (no 'benchmarks' list)")
-    return Run(str(path), data)
+    except RecursionError:
+        raise ResultsError(f"{path}: not a pytest-benchmark run (nested too deeply to read)") from None
+    return checked(str(path), data)
 
 
 def load_runs(names: Sequence[str] = (), storage: str = DEFAULT_STORAGE) -> List[Run]:
@@ -128,12 +150,14 @@ def _query(folder: Path, name: Optional[str]) -> List[Run]:
         found = list(store.load(name) if name is not None else store.load())
     except ValueError as exc:
         raise ResultsError(f"{name}: {exc}") from None
+    except RecursionError:
+        raise ResultsError(f"{name}: a saved run in {folder} is nested too deeply to read") from None
     if logger.warnings:
         raise ResultsError(logger.warnings[0])
     if not found:
         what = f"matching {name!r} " if name is not None else ""
         raise ResultsError(f"no saved run {what}in {folder}")
-    return [Run(str(store.path / rel), data) for rel, data in found]
+    return [checked(str(store.path / rel), data) for rel, data in found]
 
 
 # ---- families ---------------------------------------------------------------------------
