@@ -139,6 +139,8 @@ def fmt_value(value: Optional[float], metric: Metric) -> str:
 # failing somewhere inside a table.  A field not listed is not read and not checked, except that
 # no number anywhere in a benchmark may be NaN or infinite.  An optional field may be absent or
 # null; a required one (``REQUIRED``) must hold a value.
+# Written here rather than with jsonschema: a JSON Schema cannot refuse NaN and infinities
+# anywhere (Python's json reads them), and this keeps the report free of a dependency for ~120 lines.
 
 #: A measured figure beyond this magnitude is not a measurement (and would overflow the sums).
 MAX_MAGNITUDE = 1e18
