@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
 
-from . import echo, fixtures, gate_plugin, machine, micro, options, rounds
+from . import echo, fixtures, gate_plugin, machine, micro, options, procs, rounds
 from . import zmq as pcbzmq
 from .fixtures import AB_KEY, CALL_FAILED_KEY, CEILING_KEY, RESULTS_KEY, SETTINGS_KEY, SWITCH_KEY
 from .options import Settings
@@ -72,6 +72,7 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(gate_plugin.GatePlugin(config, settings), gate_plugin.GatePlugin.NAME)
     if settings.require:
         config.pluginmanager.register(RequirePlugin(settings), RequirePlugin.NAME)
+    procs.sweep_stale_tmpdirs()  # left behind by a run that was killed (SIGKILL) before its clean-up
 
 
 def pytest_report_header(config: pytest.Config) -> List[str]:
