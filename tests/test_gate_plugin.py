@@ -25,6 +25,8 @@ def test_plain(benchmark):
 
 @pytest.mark.pcb_fail_on("msgs_per_s:-50%")
 def test_lenient(benchmark):
+    if os.environ.get("FAKE_SKIP"):
+        pytest.skip("lenient cannot run here")
     _bench(benchmark, 50000.0)
 """
 
@@ -36,6 +38,9 @@ def suite(pytester):
 
     def run(*args, scale="1", **env):
         pytester._monkeypatch.setenv("FAKE_SCALE", scale)
+        pytester._monkeypatch.delenv("FAKE_SKIP", raising=False)
+        if "CI" not in env and "--pcb-strict" not in args:
+            pytester._monkeypatch.delenv("CI", raising=False)  # lax unless the test says otherwise
         for k, v in env.items():
             pytester._monkeypatch.setenv(k, v)
         return pytester.runpytest_subprocess(storage, "-p", "no:cacheprovider", *args)
@@ -184,3 +189,30 @@ def test_pytest_benchmarks_own_compare_fail_still_works(pytester):
                                         "-p", "no:cacheprovider")
     assert res.ret != 0
     res.stderr.fnmatch_lines(["*Performance has regressed*"])
+
+
+MISSING = "test_fake.py::test_lenient (skipped: lenient cannot run here)"
+
+
+def test_a_baseline_benchmark_missing_from_the_run_is_listed_and_fails_a_strict_run(suite):
+    """As `pyconcbench compare` does: a benchmark of the baseline that the run did not measure
+    (skipped here) fails a strict run, one line naming it and why; a lax run lists it."""
+    suite("--benchmark-autosave").assert_outcomes(passed=2)
+    gate = ("--benchmark-compare", "--pcb-fail-on", "msgs_per_s:-10%")
+    lax = suite(*gate, "--pcb-strict", "no", FAKE_SKIP="1")
+    lax.assert_outcomes(passed=1, skipped=1)
+    assert lax.ret == 0
+    lax.stdout.fnmatch_lines([f"not in this run (1 benchmark(s) of the baseline; a strict run fails on them): {MISSING}"])
+    strict = suite(*gate, "--pcb-strict", "yes", FAKE_SKIP="1")
+    strict.assert_outcomes(passed=1, skipped=1)
+    assert strict.ret == 1
+    strict.stdout.fnmatch_lines([f"pyconcbench gate: 1 benchmark(s) of the baseline missing from this run (strict: "
+                                 f"--pcb-strict no accepts that): {MISSING}"])
+    assert suite(*gate, FAKE_SKIP="1", CI="true").ret == 1  # strict by default under CI
+    deselected = suite(*gate, "--pcb-strict", "yes", "-k", "plain")
+    assert deselected.ret == 1
+    deselected.stdout.fnmatch_lines(["pyconcbench gate: 1 benchmark(s) of the baseline missing from this run *: "
+                                     "test_fake.py::test_lenient (not selected in this run)"])
+    whole = suite(*gate, "--pcb-strict", "yes")
+    whole.assert_outcomes(passed=2)
+    assert whole.ret == 0 and "of the baseline" not in whole.stdout.str()

@@ -6,6 +6,7 @@ harness runs as ``SCRIPT -m pyconcbench.serve IMPL ...``.
 import gc
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -360,3 +361,112 @@ def test_server_usage_round_trip_and_validation():
         ServerUsage.from_dict(dict(USAGE, accepted=-1))
     with pytest.raises(ValueError, match="user"):
         ServerUsage.from_dict(dict(USAGE, user="1"))
+
+
+# ---- when the parent is killed: the guard's backstop, the socket's directory ---------------------
+
+DEAF_SERVER = """
+import os, signal, subprocess, sys, time
+from pyconcbench import serve, servers
+
+def deaf(sock, stop_fd, stats):
+    # deaf to SIGTERM, with a process of its own (in its group) deaf to it too
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    helper = subprocess.Popen([sys.executable, "-c", "import signal, time; "
+                               "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(300)"])
+    with open(os.environ["PCB_TEST_PIDS"], "w") as f:
+        f.write("%d %d\\n" % (os.getpid(), helper.pid))
+    while True:
+        time.sleep(1)
+
+servers.load = lambda name: deaf
+sys.exit(serve.main(sys.argv[3:]))
+"""
+
+KILLED_MIDDLE = """
+import sys, time
+from pyconcbench.harness import ServerProcess
+python = sys.argv[1] or sys.executable
+server = ServerProcess("selectors", python=python, transport="unix", cpu=None, malloc="pristine").start()
+print(server.pid, server.unix_path, flush=True)
+sys.stdin.read()  # until the test kills this process
+"""
+
+
+def _kill_middle_and_wait(fake, env=None):
+    """Starts a process that starts a server (``fake``: its python, '' for the real one) and
+    SIGKILLs it; returns (server pid, socket path)."""
+    middle = subprocess.Popen([sys.executable, "-c", KILLED_MIDDLE, fake], stdout=subprocess.PIPE,
+                              stdin=subprocess.PIPE, env=dict(os.environ, **(env or {})))
+    try:
+        line = middle.stdout.readline().split()
+        assert len(line) == 2, "the middle process did not start its server"
+        pid, path = int(line[0]), line[1].decode()
+        return middle, pid, path
+    except BaseException:
+        middle.kill()
+        middle.wait()
+        raise
+
+
+def _kill_all(pids):
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def test_a_server_deaf_to_sigterm_is_killed_with_its_group_when_pytest_is_killed(fake_python, tmp_path):
+    """pytest SIGKILLed: the server gets the parent-death SIGTERM and ignores it; its guard
+    kills it and its helper process after procs.ORPHAN_GRACE s and removes its socket's
+    temporary directory."""
+    pids_file = tmp_path / "pids"
+    middle, server_pid, path = _kill_middle_and_wait(fake_python(DEAF_SERVER), {"PCB_TEST_PIDS": str(pids_file)})
+    pids = [server_pid]
+    try:
+        deadline = time.monotonic() + 30
+        while not pids_file.exists() or not pids_file.read_text().endswith("\n"):
+            assert time.monotonic() < deadline, "the deaf server did not start its helper"
+            time.sleep(0.05)
+        pids = [int(p) for p in pids_file.read_text().split()]
+        assert pids[0] == server_pid and not gone(pids[1])
+        middle.kill()
+        middle.wait(10)
+        for pid in pids:  # a bound far above the grace, for a busy machine
+            assert wait_gone(pid, 60), "pid %d outlived its parent" % pid
+        tmpdir = os.path.dirname(path)
+        deadline = time.monotonic() + 10
+        while os.path.exists(tmpdir) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not os.path.exists(tmpdir)
+    finally:
+        middle.stdout.close()
+        middle.stdin.close()
+        if middle.poll() is None:
+            middle.kill()
+            middle.wait()
+        _kill_all(pids)
+        shutil.rmtree(os.path.dirname(path), ignore_errors=True)
+
+
+def test_a_server_removes_its_socket_directory_when_pytest_is_killed():
+    middle, server_pid, path = _kill_middle_and_wait("")
+    tmpdir = os.path.dirname(path)
+    try:
+        assert os.path.basename(tmpdir).startswith("pcb-sock-") and os.path.exists(path)
+        middle.kill()
+        middle.wait(10)
+        assert wait_gone(server_pid, 60)
+        deadline = time.monotonic() + 10
+        while os.path.exists(tmpdir) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not os.path.exists(tmpdir), "the server left its socket's directory behind"
+    finally:
+        middle.stdout.close()
+        middle.stdin.close()
+        if middle.poll() is None:
+            middle.kill()
+            middle.wait()
+        _kill_all([server_pid])
+        shutil.rmtree(tmpdir, ignore_errors=True)

@@ -225,3 +225,28 @@ def test_pytest_timeout_interrupts_a_stalled_load(pytester):
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*Failed: Timeout (>1.0s) from pytest-timeout*"])
     assert result.duration < 30
+
+
+def test_a_run_removes_the_temporary_directories_a_killed_run_left_behind(pytester, monkeypatch, tmp_path):
+    """pyconcbench's temporary directories carry their maker's pid (procs.make_tmpdir): the next
+    run removes those whose maker is gone (a pytest killed before its clean-up), and only those."""
+    import os
+    import subprocess
+    import sys
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, timeout=60).stdout.strip()
+    stale = [tmp / f"pcb-zmq-{dead}-ab12cd", tmp / f"pcb-sock-{dead}-x_y"]
+    for path in stale:
+        path.mkdir()
+        (path / "left.sock").write_text("")
+    alive = tmp / f"pcb-sock-{os.getpid()}-mine"
+    alive.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    pytester.makepyfile(test_nothing="def test_nothing():\n    pass\n")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+    assert not any(path.exists() for path in stale)
+    assert alive.exists()

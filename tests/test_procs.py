@@ -131,3 +131,101 @@ def test_the_parent_check_in_the_child():
                                          (7, "exit code 7"), (None, "still running")])
 def test_exit_code_meanings(code, words):
     assert procs.meaning(code) == words
+
+
+# ---- the guard: a child that outlives its parent is killed -----------------------------------------
+
+GUARDED = """
+import os, signal, sys, time
+from pyconcbench import procs
+signal.signal(signal.SIGTERM, signal.SIG_IGN)  # deaf to the parent-death signal
+assert procs.arm_parent_death()
+print(procs.start_guard(grace=float(sys.argv[1])), flush=True)
+if sys.argv[2] == "exit":
+    os._exit(0)
+time.sleep(300)
+"""
+
+GUARD_MIDDLE = """
+import sys
+from pyconcbench import procs
+child = procs.Child([sys.executable, "-c", %r, "0.5", "hang"]).start()
+print(child.pid, int(child.read_line(30)), flush=True)
+sys.stdin.read()  # until the test kills this process
+""" % GUARDED
+
+
+def _wait_gone(pid, timeout):
+    deadline = time.monotonic() + timeout
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not _alive(pid)
+
+
+def test_a_child_deaf_to_sigterm_is_killed_by_its_guard_when_the_parent_is_killed():
+    middle = subprocess.Popen([PY, "-c", GUARD_MIDDLE], stdout=subprocess.PIPE, stdin=subprocess.PIPE)
+    pids = []
+    try:
+        pids = [int(p) for p in middle.stdout.readline().split()]
+        assert len(pids) == 2 and all(_alive(p) for p in pids)
+        middle.kill()  # SIGKILL: no clean-up of its own; the child gets SIGTERM and ignores it
+        middle.wait(10)
+        for pid in pids:  # the guard's grace is 0.5 s; a generous bound for a busy machine
+            assert _wait_gone(pid, 60), f"pid {pid} outlived its parent"
+    finally:
+        middle.stdout.close()
+        middle.stdin.close()
+        if middle.poll() is None:
+            middle.kill()
+            middle.wait()
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
+def test_the_guard_dies_with_its_child():
+    child = procs.Child([PY, "-c", GUARDED, "60", "exit"]).start()
+    try:
+        guard = int(child.read_line(30))
+        assert child.wait(30) == 0
+        assert _wait_gone(guard, 30)
+    finally:
+        child.close()
+
+
+def test_no_guard_without_a_parent_of_ours():
+    env = {k: v for k, v in os.environ.items() if k != procs.PARENT_ENV}
+    code = "from pyconcbench import procs; print(procs.start_guard())"
+    out = subprocess.run([PY, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "None"
+
+
+# ---- temporary directories -----------------------------------------------------------------------
+
+def test_make_tmpdir_names_its_maker_and_is_private():
+    path = procs.make_tmpdir("sock")
+    try:
+        assert os.path.basename(path).startswith(f"pcb-sock-{os.getpid()}-")
+        assert os.stat(path).st_mode & 0o777 == 0o700
+    finally:
+        os.rmdir(path)
+
+
+def test_sweep_removes_only_the_directories_of_makers_that_are_gone(tmp_path):
+    dead = subprocess.run([PY, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          timeout=60).stdout.strip()
+    stale = tmp_path / f"pcb-sock-{dead}-abc_123"
+    stale.mkdir()
+    (stale / "echo.sock").write_text("")
+    mine = tmp_path / f"pcb-zmq-{os.getpid()}-xyz"
+    mine.mkdir()
+    old_style = tmp_path / "pcb-q1w2e3"  # no maker in its name: not ours to judge
+    old_style.mkdir()
+    a_file = tmp_path / f"pcb-sys-{dead}-file"
+    a_file.write_text("")
+    assert procs.sweep_stale_tmpdirs(str(tmp_path)) == [str(stale)]
+    assert not stale.exists()
+    assert mine.exists() and old_style.exists() and a_file.exists()
+    assert procs.sweep_stale_tmpdirs(str(tmp_path / "nonexistent")) == []

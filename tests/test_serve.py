@@ -11,7 +11,7 @@ import pytest
 
 from brokenservers import connect, exchange
 from skipping import start_or_skip
-from pyconcbench import harness, servers
+from pyconcbench import harness, serve, servers
 from pyconcbench.harness import ServerProcess
 
 PAYLOAD_SIZES = (1, 64, 100 * 1024, 1024 * 1024)
@@ -214,3 +214,58 @@ def test_unpinned_server_reports_every_allowed_cpu():
     server = started("selectors", cpu=None)
     with server:
         assert server.ready["cpu"] == harness.cpus_available()
+
+
+def test_a_live_unix_socket_is_refused_in_one_line_and_keeps_serving(tmp_path):
+    path = str(tmp_path / "live.sock")
+    live = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        live.bind(path)
+        live.listen(8)
+        result = run_serve("selectors", "--unix", path, timeout=60)
+        assert result.returncode == 2
+        assert result.stderr == ("pyconcbench.serve: cannot bind %s: a server is listening there (stop it, or "
+                                 "choose another path)\n" % path)
+        assert result.stdout == ""
+        with connect(path):  # still the live server's socket
+            conn, _ = live.accept()
+            conn.close()
+    finally:
+        live.close()
+
+
+LOW_FD_LIMIT = """
+import os, resource, sys
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (64, hard))
+os.execv(sys.executable, [sys.executable, "-m", "pyconcbench.serve", "selectors"])
+"""
+
+
+def test_a_server_started_by_hand_raises_its_own_fd_limit():
+    """Started with a soft limit of 64 open files (a shell's is often 1024), it still serves
+    200 connections: it raised its soft limit to the hard one."""
+    import resource
+
+    from pyconcbench import procs
+
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    connections = 200
+    assert hard == resource.RLIM_INFINITY or hard > 2 * connections, "the hard fd limit here is too low"
+    child = procs.Child([sys.executable, "-c", LOW_FD_LIMIT]).start()
+    socks = []
+    try:
+        line = child.read_line(60)
+        assert line is not None and line.startswith(b"READY "), child.stderr_text()
+        ready = json.loads(line[len(b"READY "):])
+        for i in range(connections):
+            socks.append(connect((ready["host"], ready["port"])))
+        for i, sock in enumerate(socks):
+            message = b"%04d" % i
+            assert exchange(sock, message) == message, "connection %d got no echo" % i
+        expected = hard if hard != resource.RLIM_INFINITY else serve.FD_LIMIT_CAP
+        assert ready["fd_limit"] == expected
+    finally:
+        for sock in socks:
+            sock.close()
+        child.stop(30)

@@ -1,6 +1,7 @@
 """The benchmark fixtures of the pytest plugin: each calls a pytest-free workload runner and
-turns what it raises into a skip (a package or tool missing here) or a one-line failure
-(everything else, our own code broken included).
+turns what it raises into a skip (a package or tool missing here; a failure too in a strict
+run, ``--pcb-strict``, on when CI is set) or a one-line failure (everything else, our own code
+broken included).
 
     echo_servers, echo_server,       pyconcbench.harness + pyconcbench.echo.EchoRunner
     echo_bench                       (+ pyconcbench.ab.ABRunner in an interleaved A/B run)
@@ -13,6 +14,7 @@ the stash keys they share are here.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -76,11 +78,25 @@ def _fail(message: str) -> None:
     pytest.fail(message, pytrace=False)  # one line, no traceback
 
 
+def strict_reason(settings: Settings) -> str:
+    """Why a run is strict, in a few words: the option that made it so."""
+    source = settings.sources.get("strict", "default")
+    return f"CI is set ({options.CI_ENV}={os.environ.get(options.CI_ENV, '')!r})" if source == "default" else source
+
+
+def skip_missing(reason: str, settings: Settings) -> None:
+    """A package or tool missing here: a skip, or in a strict run (--pcb-strict, on when CI is
+    set) a failure with the same one line."""
+    if settings.strict:
+        _fail(f"{reason} [not skipped: strict run, {strict_reason(settings)}; --pcb-strict no allows the skip]")
+    pytest.skip(reason)
+
+
 def _call(fn: Callable[[], Any], skip: Tuple[type, ...], fail: Tuple[type, ...],
-          prefix: str = "", typed: bool = False) -> Any:
-    """fn(), with an exception in ``skip`` made a skip (a package or tool missing here) and one
-    in ``fail`` a failure (our own code broken included), each in one line: the pytest calls
-    sit outside the except blocks, so no chained traceback."""
+          prefix: str = "", typed: bool = False, settings: Optional[Settings] = None) -> Any:
+    """fn(), with an exception in ``skip`` made a skip (a package or tool missing here; a
+    failure in a strict run) and one in ``fail`` a failure (our own code broken included), each
+    in one line: the pytest calls sit outside the except blocks, so no chained traceback."""
     skipped = failed = None
     try:
         return fn()
@@ -89,6 +105,8 @@ def _call(fn: Callable[[], Any], skip: Tuple[type, ...], fail: Tuple[type, ...],
     except fail as exc:
         failed = f"{prefix}{type(exc).__name__}: {exc}" if typed else f"{prefix}{exc}"
     if skipped is not None:
+        if settings is not None:
+            skip_missing(skipped, settings)
         pytest.skip(skipped)
     _fail(failed)
 
@@ -111,7 +129,7 @@ def _start_echo_server(case: EchoCase, settings: Settings, python: Optional[str]
     # In an A/B run, side A or B not having it is a failure: the comparison would be lost silently.
     where = f"A/B side {side.upper()}: " if side else ""
     skip = () if side else (harness.ServerUnavailable,)
-    _call(server.start, skip, (harness.ServerError,), where)
+    _call(server.start, skip, (harness.ServerError,), where, settings=settings)
     return server
 
 
@@ -173,7 +191,7 @@ def echo_bench(request: pytest.FixtureRequest, benchmark: Any, echo_case: EchoCa
 
     def run() -> EchoRun:
         if pcb_settings.syscalls and echo.syscall_tool() is None:
-            pytest.skip("--pcb-syscalls needs perf (linux-perf) or strace on PATH")
+            skip_missing("--pcb-syscalls needs perf (linux-perf) or strace on PATH", pcb_settings)
         if pcb_settings.ab is not None and pcb_settings.syscalls:
             _fail("--pcb-syscalls is not available in an A/B run: count syscalls in a normal run")
         failure = None
@@ -262,7 +280,7 @@ def zmq_bench(benchmark: Any, zmq_case: Any, pcb_settings: Settings, pcb_probe_b
                         probe_baseline=pcb_probe_baseline, speed=pcb_speed_gauge)
         # a package not installed or not importable here: a skip; our own module broken: a failure
         extra = _call(lambda: runner.run(benchmark.pedantic), (pcbzmq.Unavailable,),
-                      (pcbzmq.RoundError, pcbzmq.Broken), f"{zmq_case.id}: ")
+                      (pcbzmq.RoundError, pcbzmq.Broken), f"{zmq_case.id}: ", settings=pcb_settings)
         benchmark.extra_info.update(extra)  # the very dict pytest-benchmark saves
         return benchmark.extra_info
 
@@ -281,7 +299,8 @@ def switch_bench(request: pytest.FixtureRequest, benchmark: Any, switch_case: An
             pytest.skip(AB_ONLY_ECHO)
         runner = micro.Runner(switch_case, pcb_settings.cpus)
         # not installed, not on PATH, one CPU: a skip; the Go baselines do not build: a failure
-        _call(runner.check_available, (micro.Unavailable,), (micro.Broken,), f"{switch_case.id}: ")
+        _call(runner.check_available, (micro.Unavailable,), (micro.Broken,), f"{switch_case.id}: ",
+              settings=pcb_settings)
         extra = _call(lambda: runner.run(benchmark.pedantic), (),
                       (micro.WorkloadError, OSError, RuntimeError), f"{switch_case.id}: ", typed=True)
         info = benchmark.extra_info  # the very dict pytest-benchmark saves

@@ -4,6 +4,8 @@
 With the family-wise correction (``--pcb-fail-correction holm``, the default, or ``bh``) the
 verdicts wait for every test of the session, and a regression fails the session with one line
 per regressed metric; with ``none``, and for A/B intervals, it fails the test's item at once;
+benchmarks of the baseline this run did not measure are listed, and fail the session in a
+strict run (``--pcb-strict``, on when CI is set), as ``pyconcbench compare`` fails on them;
 and the hooks of the ``pcb_fail_on`` marker (checked at collection, its
 expression saved with the results so ``pyconcbench compare`` honours it too).  The machine-fact
 check, the context lines and the Markdown are ``gate``'s, shared with ``pyconcbench compare``.
@@ -72,6 +74,9 @@ class GatePlugin:
         source = settings.sources.get("fail-on", "--pcb-fail-on")
         self.ab = settings.ab is not None
         self.failures: List[str] = []  # decided at the end of the session (corrected tests)
+        self.measured: List[str] = []  # full names of the benchmarks this run measured
+        self.outcomes: Dict[str, str] = {}  # nodeid -> "skipped: REASON" / "failed" (no measurement)
+        self.missing: List[str] = []  # baseline benchmarks this run did not measure, with why
         if not self.ab and not config.getoption("benchmark_compare", None):
             raise pytest.UsageError(f"{source}: the gate needs a baseline: add --benchmark-compare (the "
                                     "newest saved run) or --benchmark-compare=NUM")
@@ -135,13 +140,26 @@ class GatePlugin:
                 "extra_info": bench.extra_info,
                 "stats": {"median": st.median, "data": list(st.data)}}
 
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        """Why a test left no measurement: for the baseline benchmarks missing from the run."""
+        if report.nodeid in self.outcomes:
+            return
+        if report.skipped:
+            longrepr = report.longrepr
+            reason = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+            self.outcomes[report.nodeid] = "skipped: " + reason.removeprefix("Skipped: ")
+        elif report.failed:
+            self.outcomes[report.nodeid] = "failed" if report.when == "call" else f"error in {report.when}"
+
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo):
         report = yield
-        if report.when != "call" or not report.passed or self.problem:
+        if report.when != "call" or self.problem:
             return report
         new = self.bench_dict(getattr(item, "funcargs", {}).get("benchmark"))
-        if new is None:
+        if new is not None:
+            self.measured.append(new["fullname"])
+        if new is None or not report.passed:
             return report
         text = marker_fail_on(item)
         marker_rules = gate.parse_fail_on(text) if text else []
@@ -164,12 +182,27 @@ class GatePlugin:
         the session (as pytest-benchmark's own --benchmark-compare-fail does), one line each."""
         if self.problem:
             return
+        self.missing = self.missing_benchmarks()
+        if self.missing and self.settings.strict and not session.config.option.collectonly:
+            self.failures += [f"pyconcbench gate: {len(self.missing)} benchmark(s) of the baseline missing from "
+                              "this run (strict: --pcb-strict no accepts that): " + "; ".join(self.missing[:5])
+                              + (" …" if len(self.missing) > 5 else "")]
         gate.correct(self.result, self.settings.fail_correction)
-        if self.settings.fail_correction == "none":
-            return
-        self.failures = [f"pyconcbench gate: {c.line()}" for c in self.result.regressions if c.low is None]
-        if self.failures and session.exitstatus == pytest.ExitCode.OK:
+        if self.settings.fail_correction != "none":
+            self.failures += [f"pyconcbench gate: {c.line()}" for c in self.result.regressions if c.low is None]
+        if self.failures and session.exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def missing_benchmarks(self) -> List[str]:
+        """The baseline's benchmarks this run did not measure (``gate.compare_runs``' rule, as
+        ``pyconcbench compare`` applies it), each with why: skipped (its reason), failed, or not
+        selected in this run.  Empty in an A/B run (no baseline)."""
+        if self.ab or not self.baseline:
+            return []
+        base = [{"fullname": name} for name in self.baseline]
+        new = [{"fullname": name} for name in self.measured]
+        missing = gate.compare_runs(base, new, []).missing
+        return [f"{name} ({self.outcomes.get(name, 'not selected in this run')})" for name in missing]
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         tr = terminalreporter
@@ -197,6 +230,9 @@ class GatePlugin:
                     if c.p_adjusted is not None:
                         detail += f", corrected {c.p_adjusted:.3g}"
                 tr.write_line(f"{c.status.upper():>12}  {c.test} {c.metric} {gate.fmt_change(c.change)} ({detail})")
+        if self.missing and not self.settings.strict:
+            tr.write_line(f"not in this run ({len(self.missing)} benchmark(s) of the baseline; a strict run fails "
+                          "on them): " + "; ".join(self.missing[:5]) + (" …" if len(self.missing) > 5 else ""))
         for line in self.failures:
             tr.write_line(line)
         if self.settings.gate_markdown:

@@ -2,7 +2,9 @@
 
 A server never outlives its test: ``ServerProcess`` stops it on exit from its ``with`` block,
 a finalizer kills it when the object is collected or the interpreter exits, and the server asks
-the kernel for SIGTERM on its parent's death.  That last one follows the parent *thread* that
+the kernel for SIGTERM on its parent's death (and its guard sends SIGKILL to its process group
+when it has not stopped ``procs.ORPHAN_GRACE`` seconds after that, removing its socket's
+temporary directory: ``procs.start_guard``).  That last one follows the parent *thread* that
 started it, so start servers from a thread that lives as long as they should.
 
 Size: the server under test's whole life (allocator states, pinning plan, pre-flight
@@ -18,7 +20,6 @@ import os
 import signal
 import socket
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from typing import List, Optional, Tuple, Union
@@ -258,9 +259,12 @@ class ServerProcess:
             raise ServerError("server %r already started" % self.impl)
         prepare(self.impl)
         if self.transport == "unix" and self.unix_path is None:
-            self._tmpdir = tempfile.mkdtemp(prefix="pcb-")
+            self._tmpdir = procs.make_tmpdir("sock")
             self.unix_path = os.path.join(self._tmpdir, "echo.sock")
         env = dict(os.environ)
+        env.pop(procs.TMPDIR_ENV, None)
+        if self._tmpdir is not None:
+            env[procs.TMPDIR_ENV] = self._tmpdir  # serve (and its guard) remove it, even when we die
         if self.malloc != "tuned":
             for name in MALLOC_TUNED_ENV:  # the state is --malloc's, not the caller's environment's
                 env.pop(name, None)

@@ -178,6 +178,40 @@ def parse_correction(text: str) -> str:
     return value
 
 
+def parse_require(text: str) -> Tuple[str, ...]:
+    """'go_net,pyzmq_single' -> the implementations a run must measure: an echo server
+    (``--pcb-impl``'s ids), a ZeroMQ mode, a switch microbenchmark's id (``go-goroutine``) or a
+    switch family (``go``, ``native``, ``python``)."""
+    known = require_names()
+    out = []
+    for part in _items(text):
+        if part not in known:
+            raise ValueError(f"unknown implementation {part!r} (an echo server, a ZeroMQ mode, a switch "
+                             f"microbenchmark or family; e.g. {', '.join(sorted(known)[:4])}, ...)")
+        out.append(part)
+    return tuple(dict.fromkeys(out))
+
+
+def require_names() -> Dict[str, str]:
+    """Every name --pcb-require accepts, and the family it belongs to."""
+    from . import micro, servers
+    from . import zmq as pcbzmq
+    names = {name: "echo" for name in servers.IMPLS}
+    names.update((name, "zmq") for name in pcbzmq.MODES)
+    for case in micro.cases():
+        names[case.id] = names[case.family] = "switch"
+    return names
+
+
+#: The environment variable that turns --pcb-strict on by default (set by every CI service).
+CI_ENV = "CI"
+
+
+def ci_strict_default() -> bool:
+    """--pcb-strict's default: on when ``CI`` is set to anything but empty, 0, false, no or off."""
+    return os.environ.get(CI_ENV, "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
 def parse_profile(text: str) -> str:
     if text not in PROFILES:
         raise ValueError(f"{text!r} is not a profile ({', '.join(PROFILES)})")
@@ -300,6 +334,13 @@ OPTIONS: Dict[str, Tuple[Callable[[str], Any], Optional[str], str, str]] = {
              "PYTHON_OR_VENV"),
     "ab-a-env": (parse_ab_env, None, "environment variables added for side A's servers: NAME=VALUE,...", "VARS"),
     "ab-b-env": (parse_ab_env, None, "environment variables added for side B's servers: NAME=VALUE,...", "VARS"),
+    "strict": (parse_bool, None, "an implementation that cannot run here (a package or tool missing: an echo "
+               "server, a peer, a ZeroMQ mode, a switch microbenchmark) fails with its one line instead of "
+               "skipping, and the regression gate fails on benchmarks of the baseline missing from the run "
+               "(default: yes when the environment variable CI is set, no otherwise)", "yes|no"),
+    "require": (parse_require, None, "implementations this run must measure, comma-separated (echo servers, "
+                "ZeroMQ modes, switch microbenchmarks or families such as go): one that is not selected, "
+                "or skipped, fails the session", "IMPLS"),
     "allow-machine-change": (parse_bool, "no", "gate even when the baseline's CPU model, CPU count, kernel "
                              "or Python differ from this machine's", "yes|no"),
 }
@@ -325,6 +366,8 @@ class Settings:
     fail_correction: str = "holm"
     gate_markdown: Optional[str] = None
     allow_machine_change: bool = False
+    strict: bool = False  # a missing implementation fails; the gate fails on missing baseline benchmarks
+    require: Tuple[str, ...] = ()  # implementations the run must measure
     ab: Optional[Dict[str, Any]] = None  # "a"/"b" -> ab.Environment in an interleaved A/B run
     pinning_note: str = ""
     sources: Dict[str, str] = field(default_factory=dict)
@@ -418,6 +461,8 @@ def resolve(raw: Callable[[str], Tuple[Optional[str], str]]) -> Settings:
         fail_correction=values["fail-correction"],
         gate_markdown=values["gate-markdown"],
         allow_machine_change=values["allow-machine-change"],
+        strict=ci_strict_default() if values["strict"] is None else values["strict"],
+        require=values["require"] or (),
         ab=ab_envs,
         pinning_note=note,
         sources=sources,

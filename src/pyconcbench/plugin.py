@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
 
-from . import echo, fixtures, gate_plugin, machine, micro, options, rounds
+from . import echo, fixtures, gate_plugin, machine, micro, options, procs, rounds
 from . import zmq as pcbzmq
 from .fixtures import AB_KEY, CALL_FAILED_KEY, CEILING_KEY, RESULTS_KEY, SETTINGS_KEY, SWITCH_KEY
 from .options import Settings
@@ -70,6 +70,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(gate_plugin, "pyconcbench-gate-markers")  # the pcb_fail_on marker's hooks
     if settings.fail_on:
         config.pluginmanager.register(gate_plugin.GatePlugin(config, settings), gate_plugin.GatePlugin.NAME)
+    if settings.require:
+        config.pluginmanager.register(RequirePlugin(settings), RequirePlugin.NAME)
+    procs.sweep_stale_tmpdirs()  # left behind by a run that was killed (SIGKILL) before its clean-up
 
 
 def pytest_report_header(config: pytest.Config) -> List[str]:
@@ -78,6 +81,11 @@ def pytest_report_header(config: pytest.Config) -> List[str]:
         return []
     rounds_ = settings.rounds or "the profile's"
     lines = [f"pyconcbench: profile {settings.profile}, {rounds_} rounds, {settings.pinning_note}"]
+    if settings.strict:
+        lines.append(f"pyconcbench: strict ({fixtures.strict_reason(settings)}): an implementation that cannot "
+                     "run here fails instead of skipping")
+    if settings.require:
+        lines.append(f"pyconcbench: required: {', '.join(settings.require)}")
     if settings.ab is not None:
         lines += [f"pyconcbench A/B: {env.label}" for env in settings.ab.values()]
     return lines
@@ -113,6 +121,74 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
             raise pytest.UsageError(f"{metafunc.function.__name__}: no switch microbenchmark of kind {kind!r}")
         # pytest-benchmark's own clock: a switch round's time is the wall time of the whole round
         metafunc.parametrize("switch_case", [_bench_param(c, c.group, timed_by_round_clock=False) for c in found])
+
+
+# ---- required implementations ------------------------------------------------------------------
+
+def item_impls(item: pytest.Item) -> Tuple[str, ...]:
+    """The names --pcb-require matches for a benchmark test: an echo case's server (not its
+    plain reference counterpart), a ZeroMQ case's mode, a switch case's id and family."""
+    callspec = getattr(item, "callspec", None)
+    params = callspec.params if callspec is not None else {}
+    out: List[str] = []
+    case = params.get("echo_case")
+    if case is not None and not case.plain:
+        out.append(case.impl)
+    case = params.get("zmq_case")
+    if case is not None:
+        out.append(case.mode)
+    case = params.get("switch_case")
+    if case is not None:
+        out += [case.id, case.family]
+    return tuple(out)
+
+
+class RequirePlugin:
+    """Registered when --pcb-require is given: a required implementation with no test selected
+    in the run, or with a test that skipped, fails the session with one line."""
+
+    NAME = "pyconcbench-require"
+
+    def __init__(self, settings: Settings) -> None:
+        self.required = settings.require
+        self.source = settings.sources.get("require", "--pcb-require")
+        self.items: Dict[str, List[str]] = {name: [] for name in self.required}
+        self.skipped: Dict[str, str] = {}  # nodeid -> the skip's reason
+        self.failures: List[str] = []
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        for item in session.items:  # what is left after -k, -m and deselection
+            for name in item_impls(item):
+                if name in self.items:
+                    self.items[name].append(item.nodeid)
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.skipped and report.nodeid not in self.skipped:
+            longrepr = report.longrepr
+            reason = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+            self.skipped[report.nodeid] = reason.removeprefix("Skipped: ")
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if session.config.option.collectonly:
+            return
+        for name in self.required:
+            nodeids = self.items[name]
+            skipped = [n for n in nodeids if n in self.skipped]
+            if not nodeids:
+                self.failures.append(f"pyconcbench: {self.source}: {name} was not measured: no test of it "
+                                     "was selected in this run")
+            elif skipped:
+                self.failures.append(f"pyconcbench: {self.source}: {name} was not measured: {skipped[0]} "
+                                     f"skipped ({self.skipped[skipped[0]]})"
+                                     + (f", and {len(skipped) - 1} more of its tests" if len(skipped) > 1 else ""))
+        if self.failures and session.exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if self.failures:
+            terminalreporter.write_sep("-", "pyconcbench required implementations")
+            for line in self.failures:
+                terminalreporter.write_line(line)
 
 
 # ---- reports -----------------------------------------------------------------------------------

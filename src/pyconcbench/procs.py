@@ -9,6 +9,12 @@ until it exits, and sends SIGKILL to the group after the timeout; every child is
 ``wait4`` (so its resource usage is known) and nothing of it is left open.  A child the caller
 forgets is killed and reaped when the ``Child`` is collected.
 
+A child of ours (``pyconcbench.serve``) also starts a guard (``start_guard``): if the parent
+dies, even by SIGKILL, and the child has not stopped on the parent-death SIGTERM within
+``ORPHAN_GRACE`` seconds, the guard removes the child's temporary directory and sends SIGKILL
+to its process group.  Temporary directories are made by ``make_tmpdir`` with their maker's
+pid in the name; ``sweep_stale_tmpdirs`` removes those of makers that are gone.
+
 The exit codes a child of ours reports, and what each means to the parent, are here too.
 No pytest, stdlib only.
 """
@@ -16,8 +22,12 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
+import select
 import selectors
+import shutil
 import signal
+import stat
 import subprocess
 import tempfile
 import time
@@ -75,6 +85,136 @@ def arm_parent_death(signum: int = signal.SIGTERM) -> bool:
     return not (parent.isdigit() and os.getppid() != int(parent))
 
 
+# ---- the backstop when the parent dies --------------------------------------------------------
+
+#: How long a child of ours may take to stop cleanly after its parent died (the parent-death
+#: SIGTERM), before its guard sends SIGKILL to its whole process group.
+ORPHAN_GRACE = 5.0
+#: The environment variable naming a temporary directory a child owns (its UNIX socket's):
+#: removed by the child's guard after a SIGKILL, and by the child itself when it stops.
+TMPDIR_ENV = "PCB_TMPDIR"
+
+
+def _parent_pidfd(parent: int) -> Optional[int]:
+    """A pidfd of ``parent`` (readable once it exits), or None where the kernel or Python has
+    none (before Linux 5.3 / Python 3.9): then the guard polls."""
+    try:
+        return os.pidfd_open(parent)
+    except (AttributeError, OSError):
+        return None
+
+
+def _guard(leader: int, parent: int, pidfd: Optional[int], grace: float, remove: Sequence[str]) -> None:
+    """The guard process (never returns): waits for ``parent`` to exit, gives the process
+    group ``grace`` seconds to stop on the parent-death signal, removes ``remove``, then sends
+    SIGKILL to the group (itself included).  It dies with ``leader`` (its parent-death signal
+    SIGKILL), so a child that stops in time takes its guard along."""
+    try:
+        set_parent_death_signal(signal.SIGKILL)
+        if os.getppid() != leader:
+            os._exit(0)
+        for signum in (signal.SIGINT, signal.SIGHUP):
+            signal.signal(signum, signal.SIG_IGN)
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):  # the protocol pipe above all: the parent must see it close
+            os.dup2(devnull, fd)
+        keep = sorted({devnull} | ({pidfd} if pidfd is not None else set()))
+        low = 3
+        for fd in keep:
+            os.closerange(low, fd)
+            low = fd + 1
+        os.closerange(low, 65536)
+        if pidfd is not None:
+            select.select([pidfd], [], [])
+        else:
+            while True:
+                try:
+                    os.kill(parent, 0)
+                except ProcessLookupError:
+                    break
+                except OSError:
+                    pass
+                time.sleep(1.0)
+        time.sleep(grace)  # the leader stopping in time ends this process (its death signal)
+        for path in remove:
+            shutil.rmtree(path, ignore_errors=True)
+        os.killpg(os.getpgid(0), signal.SIGKILL)
+    finally:
+        os._exit(0)
+
+
+def start_guard(grace: float = ORPHAN_GRACE, remove: Sequence[str] = ()) -> Optional[int]:
+    """In a child of ours, early and before any thread starts: forks a small guard process into
+    this process group that outlives the parent that started us (``PCB_PARENT_PID``) by at most
+    ``grace`` seconds -- then it removes ``remove`` (directories) and sends SIGKILL to the whole
+    group, so a child that ignores or hangs on the parent-death SIGTERM, with its threads and
+    the processes it started in its group, is still gone.  Returns the guard's pid, or None
+    when there is no parent of ours to watch (started by hand)."""
+    parent = os.environ.get(PARENT_ENV, "")
+    if not parent.isdigit() or os.getppid() != int(parent):
+        return None
+    parent_pid = int(parent)
+    pidfd = _parent_pidfd(parent_pid)
+    if os.getppid() != parent_pid:  # it died while the pidfd was opened: it may be another process's
+        if pidfd is not None:
+            os.close(pidfd)
+        return None
+    leader = os.getpid()
+    pid = os.fork()
+    if pid == 0:
+        _guard(leader, parent_pid, pidfd, grace, tuple(remove))
+    if pidfd is not None:
+        os.close(pidfd)
+    return pid
+
+
+# ---- temporary directories -----------------------------------------------------------------------
+
+#: ``pcb-KIND-PID-XXXXXXXX``: a temporary directory of ours, and the process that made it.
+_TMPDIR_NAME = re.compile(r"pcb-[a-z]+-(\d+)-[A-Za-z0-9_]+")
+
+
+def make_tmpdir(kind: str) -> str:
+    """A new private temporary directory ``pcb-KIND-PID-*`` (its maker's pid in its name, so a
+    later run can tell it was left behind: ``sweep_stale_tmpdirs``)."""
+    return tempfile.mkdtemp(prefix=f"pcb-{kind}-{os.getpid()}-")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # alive, another user's
+        return True
+    return True
+
+
+def sweep_stale_tmpdirs(where: Optional[str] = None) -> List[str]:
+    """Removes this user's ``make_tmpdir`` directories whose maker no longer runs (a run killed
+    before its clean-up: SIGKILL, OOM); returns what it removed.  Never raises."""
+    where = where or tempfile.gettempdir()
+    removed = []
+    try:
+        names = os.listdir(where)
+    except OSError:
+        return removed
+    uid = os.getuid()
+    for name in names:
+        m = _TMPDIR_NAME.fullmatch(name)
+        if m is None or _pid_alive(int(m.group(1))):
+            continue
+        path = os.path.join(where, name)
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == uid:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
 class ChildError(RuntimeError):
     """A child that could not be started, or that did something the parent did not expect."""
 
@@ -96,8 +236,6 @@ def _reap(pid: int, proc: subprocess.Popen, stderr: Any, tmpdir: Optional[str]) 
     if stderr is not None and not stderr.closed:
         stderr.close()
     if tmpdir is not None:
-        import shutil
-
         shutil.rmtree(tmpdir, ignore_errors=True)
 
 

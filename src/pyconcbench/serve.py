@@ -4,6 +4,10 @@
 
 stdout carries exactly two lines, each a JSON object: ``READY {...}`` once the socket listens,
 and the usage report after the server stops (on SIGTERM, SIGINT, SIGHUP or parent death).
+The server raises its soft limit on open files to the hard limit (READY's ``fd_limit``).
+Started by a parent of ours (``PCB_PARENT_PID``), it also starts a guard (procs.start_guard):
+a server still running ``ORPHAN_GRACE`` seconds after its parent died is killed, with its
+process group, and its temporary directory (``PCB_TMPDIR``) removed.
 Exit codes: 0 stopped cleanly; 1 the implementation raised; 2 it cannot run as asked (bad
 arguments, unknown implementation, non-loopback host, bind failure, CPU not allowed); 3 it is
 not available here (a tool not on PATH, a package not installed, a release that does not run on
@@ -32,11 +36,13 @@ import resource
 import signal
 import socket
 import platform
+import shutil
 import stat
 import sys
 
 from pyconcbench import loopback, servers
-from pyconcbench.procs import EXIT_BROKEN, EXIT_FAILED, EXIT_MISSING, EXIT_UNUSABLE, arm_parent_death
+from pyconcbench.procs import (EXIT_BROKEN, EXIT_FAILED, EXIT_MISSING, EXIT_UNUSABLE, TMPDIR_ENV, arm_parent_death,
+                               start_guard)
 
 PROG = "pyconcbench.serve"
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -70,7 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--unix", metavar="PATH", default=None,
-        help="serve on a UNIX socket at PATH instead of TCP (a stale socket there is replaced)",
+        help="serve on a UNIX socket at PATH instead of TCP (a stale socket there, nobody listening, is "
+        "replaced; a live one is refused)",
     )
     parser.add_argument(
         "--cpu", metavar="N", type=_non_negative, default=None,
@@ -146,13 +153,62 @@ def allocator_probe() -> "str | None":
 
 
 def _remove_stale_socket(path: str) -> None:
+    """Removes a stale socket at ``path`` (nobody listening: a server that died); refuses a
+    live one (Unusable), or anything that is not a socket."""
     try:
         st = os.lstat(path)
     except FileNotFoundError:
         return
     if not stat.S_ISSOCK(st.st_mode):
         raise Unusable("cannot bind %s: exists and is not a socket" % path)
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.settimeout(1.0)
+        probe.connect(path)
+    except ConnectionRefusedError:  # nobody listening: stale
+        pass
+    except socket.timeout:  # a listener whose queue is full: alive
+        raise Unusable("cannot bind %s: a server is listening there (its queue is full)" % path) from None
+    except OSError as exc:
+        raise Unusable("cannot bind %s: cannot tell whether a server is listening there: %s" % (path, exc)) from None
+    else:
+        raise Unusable("cannot bind %s: a server is listening there (stop it, or choose another path)" % path)
+    finally:
+        probe.close()
     os.unlink(path)
+
+
+#: When the hard limit is unlimited, the soft limit is raised this far at most (the kernel's
+#: fs.nr_open default).
+FD_LIMIT_CAP = 1 << 20
+
+
+def raise_fd_limit() -> int:
+    """Raises this process's soft limit on open files to its hard limit (a server's
+    connections are its file descriptors; the kernel's default soft limit, 1024, would refuse
+    the 1025th client); returns the soft limit now.  A limit it cannot raise stays as it was."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = hard if hard != resource.RLIM_INFINITY else FD_LIMIT_CAP
+    if soft != resource.RLIM_INFINITY and soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            soft = want
+        except (OSError, ValueError):
+            pass
+    return soft
+
+
+def owned_tmpdir(unix: "str | None") -> "str | None":
+    """The temporary directory the harness made for this server's UNIX socket
+    (``PCB_TMPDIR``, the directory of ``--unix PATH``), which the server and its guard remove;
+    None when there is none."""
+    path = os.environ.get(TMPDIR_ENV, "")
+    if not path or unix is None or not os.path.basename(path).startswith("pcb-"):
+        return None
+    path = os.path.abspath(path)
+    if os.path.dirname(os.path.abspath(unix)) != path or not os.path.isdir(path):
+        return None
+    return path
 
 
 def _remove_own_socket(path: str, inode: int) -> None:
@@ -269,7 +325,19 @@ def main(argv=None) -> int:
 
     if not arm_parent_death(signal.SIGTERM):
         return EXIT_FAILED  # the parent died before the death signal was armed
+    tmpdir = owned_tmpdir(args.unix)
+    try:
+        return _main(args, tmpdir)
+    finally:
+        if tmpdir is not None:
+            shutil.rmtree(tmpdir, ignore_errors=True)
 
+
+def _main(args, tmpdir: "str | None") -> int:
+    # Before any thread starts: a guard that kills this process group if the parent dies and
+    # this server does not stop on the parent-death SIGTERM (see procs.start_guard).
+    start_guard(remove=[tmpdir] if tmpdir is not None else [])
+    fd_limit = raise_fd_limit()
     try:
         if args.cpu is not None:
             pin(args.cpu)
@@ -313,6 +381,7 @@ def main(argv=None) -> int:
             "cpu": sorted(os.sched_getaffinity(0)),
             "python": sys.version.split()[0],
             "malloc_probe": allocator_probe(),
+            "fd_limit": fd_limit,
         }
         start = implementation_hook(serve, "start")
         if start is not None:

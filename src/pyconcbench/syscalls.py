@@ -15,9 +15,10 @@ import os
 import shutil
 import signal
 import subprocess
-import tempfile
 import time
 from typing import Dict, List, Optional, Sequence
+
+from . import procs
 
 #: The calls an echo server, its event loop and its allocator make (perf counts these by name).
 NAMED = (
@@ -61,7 +62,7 @@ class SyscallCounter:
         self.tool = tool or available_tool()
         if self.tool is None:
             raise SyscallCountError("counting syscalls needs perf (linux-perf) or strace on PATH")
-        self._dir = tempfile.mkdtemp(prefix="pcb-sys-")
+        self._dir = procs.make_tmpdir("sys")  # its maker's pid in the name: a later run sweeps it
         self._out = os.path.join(self._dir, "out.txt")
         self._proc: Optional[subprocess.Popen] = None
         self._ctl: Optional[int] = None

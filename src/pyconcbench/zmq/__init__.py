@@ -56,12 +56,12 @@ import os
 import shutil
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
+from .. import procs
 from ..broken import Broken, describe
 from . import _placement
 from ._common import FAULT_KINDS, ID, Fault, Ledger, RoundError, Spec, Unavailable
@@ -572,7 +572,7 @@ class Session:
         self._tids_before = _placement.tids()
         self._threads_seen = None
         if self.transport == "ipc":
-            self._tmpdir = tempfile.mkdtemp(prefix="pcb-zmq-")
+            self._tmpdir = procs.make_tmpdir("zmq")  # its maker's pid in the name: a later run sweeps it
         spec = Spec(mode=self.mode.name, workload=self.mode.workload, loop=self.mode.loop,
                     size=self.size, inflight=self.inflight, transport=self.transport,
                     timeout=self.timeout, ipc_dir=self._tmpdir, server_cpu=others,
