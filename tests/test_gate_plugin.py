@@ -216,3 +216,18 @@ def test_a_baseline_benchmark_missing_from_the_run_is_listed_and_fails_a_strict_
     whole = suite(*gate, "--pcb-strict", "yes")
     whole.assert_outcomes(passed=2)
     assert whole.ret == 0 and "of the baseline" not in whole.stdout.str()
+
+
+def test_a_marker_added_by_the_change_under_test_cannot_loosen_its_gate(suite, pytester):
+    """The test's marker is part of the code under test: the marker saved with the baseline
+    holds (as in `pyconcbench compare`); the test's own may tighten it, never switch it off or
+    widen it."""
+    suite("--benchmark-autosave").assert_outcomes(passed=2)  # test_lenient saved with -50 %
+    pytester.makepyfile(test_fake=FAKE.replace('pcb_fail_on("msgs_per_s:-50%")', 'pcb_fail_on("msgs_per_s:-5%")')
+                        .replace("def test_plain(", '@pytest.mark.pcb_fail_on("msgs_per_s:off")\ndef test_plain('))
+    slow = suite("--benchmark-compare", "--pcb-fail-on", "msgs_per_s:-10%", "--pcb-fail-correction", "none",
+                 scale="0.7")
+    slow.assert_outcomes(failed=2)
+    out = slow.stdout.str()
+    assert "test_plain: msgs_per_s regressed" in out and "threshold -10%" in out   # 'off' not applied
+    assert "test_lenient: msgs_per_s regressed" in out and "threshold -5%" in out  # tighter than -50 %: applied

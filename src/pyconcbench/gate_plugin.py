@@ -166,8 +166,19 @@ class GatePlugin:
         ab_case = gate.is_ab(new)
         if self.ab and not ab_case:
             return report  # another family in an A/B run: not measured there
-        changes = gate.check_bench(self.baseline.get(new["fullname"]), new, self.rules, marker_rules,
-                                   self.settings.fail_alpha)
+        bases = self.baseline.get(new["fullname"])
+        if ab_case:
+            # the code under test is in the A/B environments, not in this suite: its marker holds
+            trusted, own = marker_rules, []
+        else:
+            # the test's marker is part of the change under test: as in `pyconcbench compare`, the
+            # marker saved with the baseline (the reviewed code) holds, this one may only tighten it
+            try:
+                trusted = next((r for r in (gate.marker_rules_of(b) for b in reversed(bases or [])) if r), [])
+            except gate.GateSpecError:
+                trusted = []
+            own = marker_rules
+        changes = gate.check_bench(bases, new, self.rules, trusted, self.settings.fail_alpha, own_rules=own)
         self.result.changes.extend(changes)
         failed = [c for c in changes if c.failed]
         if failed and self.settings.fail_correction != "none" and not ab_case:
