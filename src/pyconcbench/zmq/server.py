@@ -15,7 +15,7 @@ import os
 import signal
 import sys
 
-from pyconcbench.procs import EXIT_FAILED, EXIT_FAULT, EXIT_UNUSABLE, arm_parent_death
+from pyconcbench.procs import EXIT_FAILED, EXIT_FAULT, EXIT_UNUSABLE, arm_parent_death, start_guard
 
 PROG = "pyconcbench.zmq.server"
 #: The receive timeout: how promptly a stop signal is noticed while idle.
@@ -43,6 +43,8 @@ def main(argv=None) -> int:
         parser.error("--transport ipc needs --ipc-dir")
     if not arm_parent_death(signal.SIGTERM):
         return EXIT_FAILED
+    # before libzmq starts its threads: SIGKILL to this group if it outlives a dead parent
+    start_guard()
 
     from pyconcbench.zmq._common import Fault, FaultyEcho, Spec, bind, new_context
 
