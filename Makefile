@@ -28,12 +28,14 @@ bench: $(STAMP)
 report: $(STAMP)
 	$(VENV)/bin/pyconcbench report --png bench-plots --html bench-report.html
 
-# tox across every Python pyenv has (interpreters missing are skipped): `make tox` runs the
-# tests on each, `make matrix` the quick suite on each and the cross-version report.
+# tox across every Python pyenv has and tools/get_pythons.sh installed (interpreters missing
+# are skipped): `make tox` runs the tests on each, `make matrix` the quick suite on each and
+# the cross-version report.
 empty :=
 space := $(empty) $(empty)
-PYENV_PATH := $(subst $(space),:,$(wildcard $(shell pyenv root 2>/dev/null)/versions/*/bin))
-TOX := $(if $(PYENV_PATH),PATH="$(PYENV_PATH):$$PATH") $(VENV)/bin/tox
+PCB_PYTHONS_DIR ?= $(HOME)/.local/share/pyconcbench/pythons
+TOX_PATH := $(subst $(space),:,$(wildcard $(shell pyenv root 2>/dev/null)/versions/*/bin $(PCB_PYTHONS_DIR)/*/bin))
+TOX := $(if $(TOX_PATH),PATH="$(TOX_PATH):$$PATH") $(VENV)/bin/tox
 
 $(VENV)/bin/tox: $(STAMP)
 	$(PY) -m pip install --quiet 'tox>=4'
