@@ -222,6 +222,35 @@ def test_close_from_another_thread_during_a_phase_is_refused():
     assert lines[4:] == ["open after: True", "closed: True"]
 
 
+def test_closing_a_session_during_its_round_is_refused_and_it_stays_open():
+    lines = child_lines(run_child("""
+        from pyconcbench import loadgen
+        lst = silent_listener()
+        spec = loadgen.LoadSpec(port=lst.getsockname()[1], connections=2, messages=1,
+                                warmup_messages=0, stall_timeout=1.0)
+        session = loadgen.LoadSession(spec).open()
+        def closer():
+            time.sleep(0.3)
+            try:
+                session.close()
+                print("closed")
+            except RuntimeError as exc:
+                print(exc)
+        t = threading.Thread(target=closer)
+        t.start()
+        try:
+            session.round()
+        except loadgen.LoadError as exc:
+            t.join()
+            print(exc.kind)
+        print(session._load is not None and session._load.is_open)
+        session.close()
+        print(session._load is None)
+    """))
+    assert lines == ["Load.close(): refused while Load.phase() runs (from another thread or a signal "
+                     "handler); call it after that returns", "stall", "True", "True"]
+
+
 @pytest.mark.parametrize("call", ["close()", "phase(1, 0.0, 1.0, 1.0)"])
 def test_a_signal_handler_cannot_close_or_rerun_the_running_phase(call):
     lines = child_lines(run_child(f"""
@@ -302,7 +331,7 @@ def test_cacheline_rtt_is_interrupted_by_a_signal():
         signal.setitimer(signal.ITIMER_REAL, 0.3)
         t0 = time.monotonic()
         try:
-            _native.cacheline_rtt({CPU}, {CPU}, _native.CACHELINE_MAX_ITERATIONS)
+            _native.cacheline_rtt({CPU}, {CPU}, 10_000_000)  # CACHELINE_MAX_ITERATIONS
             print("finished")
         except Interrupted:
             print("interrupted")

@@ -377,9 +377,11 @@ class LoadSession:
         return res
 
     def close(self) -> None:
+        """Closes the connections.  RuntimeError while a round of this session runs (from
+        another thread or a signal handler); the session then stays open."""
         if self._load is not None:
-            load, self._load = self._load, None
-            load.close()
+            self._load.close()
+            self._load = None
 
     def __enter__(self) -> "LoadSession":
         self.open()
