@@ -7,7 +7,7 @@ import math
 import os
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, event, example, given, settings
 from hypothesis import strategies as st
 
 from pyconcbench import _native
@@ -46,28 +46,46 @@ def within(v, lo, hi):
     return is_int(v) and lo <= v <= hi
 
 
+@st.composite
+def mostly_good(draw, good, wild):
+    """Arguments where at most two are drawn wild, the rest good: both accepted and refused
+    cases come up often (drawing each wild or good alike, nearly every case is refused)."""
+    names = draw(st.sets(st.sampled_from(sorted(good)), max_size=2))
+    return {k: draw(wild[k] if k in names else good[k]) for k in good}
+
+
 # ---- LoadSpec ----------------------------------------------------------------------------
 
-def field(good):
-    return st.one_of(good, wild_ints, non_ints)
+SPEC_GOOD = dict(connections=st.integers(1, 100), size=st.integers(1, 4096),
+                 messages=st.integers(0, 10_000), warmup_messages=st.integers(0, 100),
+                 max_errors=st.integers(0, 10), seed=st.integers(0, 2 ** 64 - 1),
+                 port=st.integers(1, 65535), cpu=st.one_of(st.none(), st.sampled_from(ALLOWED)),
+                 duration=st.floats(0.0, 10.0), stall_timeout=st.floats(0.1, 10.0),
+                 deadline=st.floats(0.1, 10.0), connect_timeout=st.floats(0.1, 10.0))
+SPEC_WILD = {k: st.one_of(wild_floats, non_ints) if k in ("duration", "stall_timeout", "deadline",
+                                                           "connect_timeout")
+             else st.one_of(wild_ints, non_ints) for k in SPEC_GOOD}
+
+
+SPEC_BASE = dict(connections=1, size=64, messages=1, warmup_messages=0, max_errors=0, seed=0, port=9,
+                 cpu=None, duration=0.0, stall_timeout=1.0, deadline=1.0, connect_timeout=1.0)
 
 
 @FUZZ
-@given(connections=field(st.integers(1, 100)), size=field(st.integers(1, 4096)),
-       messages=field(st.integers(0, 10_000)), warmup_messages=field(st.integers(0, 100)),
-       max_errors=field(st.integers(0, 10)), seed=field(st.integers(0, 2 ** 64 - 1)),
-       port=field(st.integers(1, 65535)), cpu=st.one_of(st.none(), st.sampled_from(ALLOWED), wild_ints),
-       duration=st.one_of(st.floats(0.0, 10.0), wild_floats),
-       stall_timeout=st.one_of(st.floats(0.1, 10.0), wild_floats),
-       deadline=st.one_of(st.floats(0.1, 10.0), wild_floats),
-       connect_timeout=st.one_of(st.floats(0.1, 10.0), wild_floats))
-def test_loadspec_accepts_only_what_the_engine_can_run(**fields):
+@given(mostly_good(SPEC_GOOD, SPEC_WILD))
+@example(dict(SPEC_BASE, messages=2 ** 63))
+@example(dict(SPEC_BASE, warmup_messages=2 ** 64 + 1))
+@example(dict(SPEC_BASE, max_errors=2 ** 32))
+@example(dict(SPEC_BASE, connections=(1 << 20) + 1, size=1))
+def test_loadspec_accepts_only_what_the_engine_can_run(fields):
     try:
         spec = LoadSpec(**fields)
     except ValueError as exc:
+        event("refused")
         assert str(exc).startswith("LoadSpec."), exc
         assert "\n" not in str(exc)
         return
+    event("accepted")
     assert 1 <= spec.connections <= MAX_CONNECTIONS
     assert 1 <= spec.size <= MAX_SIZE
     assert spec.connections * spec.size <= MAX_PAYLOAD
@@ -100,28 +118,31 @@ def load_expected(family, address, port, connections, size, connect_timeout, cpu
     return None if family == "tcp" and loopback and port >= 1 else ValueError
 
 
+LOAD_GOOD = dict(family=st.just("tcp"), address=st.sampled_from(["127.0.0.1", "127.1.2.3", "::1"]),
+                 port=st.integers(1, 65535), connections=st.integers(1, 64), size=st.integers(1, 4096),
+                 connect_timeout=st.floats(0.1, 100.0), cpu=st.integers(-1, 3),
+                 max_errors=st.integers(0, 10), seed=st.integers(0, 2 ** 64 - 1))
+LOAD_WILD = dict(family=st.sampled_from(["tcp", "unix", "udp", ""]),
+                 address=st.sampled_from(["127.0.0.1", "::1", "10.0.0.1", "/tmp/pcb.sock", "", "x" * 120]),
+                 connect_timeout=wild_floats,
+                 **{k: st.one_of(wild_ints, non_ints)
+                    for k in ("port", "connections", "size", "cpu", "max_errors", "seed")})
+
+
 @FUZZ
-@given(family=st.sampled_from(["tcp", "unix", "udp", ""]),
-       address=st.sampled_from(["127.0.0.1", "127.1.2.3", "::1", "10.0.0.1", "/tmp/pcb.sock", "",
-                                "x" * 120]),
-       port=st.one_of(st.integers(1, 65535), wild_ints), connections=st.one_of(st.integers(1, 64), wild_ints),
-       size=st.one_of(st.integers(1, 4096), wild_ints), connect_timeout=wild_floats,
-       cpu=st.one_of(st.integers(-1, 3), wild_ints), max_errors=wild_ints, seed=wild_ints,
-       stray=st.one_of(st.none(), st.sampled_from(["port", "connections", "size", "cpu", "max_errors", "seed"])),
-       stray_value=non_ints)
-def test_native_load_accepts_exactly_its_ranges(family, address, port, connections, size, connect_timeout,
-                                                cpu, max_errors, seed, stray, stray_value):
-    args = dict(port=port, connections=connections, size=size, cpu=cpu, max_errors=max_errors, seed=seed)
-    if stray:
-        args[stray] = stray_value
-    expected = load_expected(family, address, connect_timeout=connect_timeout, **args)
+@given(mostly_good(LOAD_GOOD, LOAD_WILD))
+def test_native_load_accepts_exactly_its_ranges(args):
+    expected = load_expected(**args)
+    family, address, connect_timeout = args.pop("family"), args.pop("address"), args.pop("connect_timeout")
     try:
         load = _native.Load(family, address, args.pop("port"), args.pop("connections"), args.pop("size"),
                             connect_timeout=connect_timeout, **args)
     except (ValueError, TypeError) as exc:
+        event(f"refused: {type(exc).__name__}")
         assert "\n" not in str(exc)
         assert type(exc) is expected, f"refused with {exc!r}, expected {expected}"
         return
+    event("accepted")
     assert expected is None, f"accepted, expected {expected.__name__}"
     assert not load.is_open
 
@@ -134,6 +155,7 @@ def test_phase_accepts_or_refuses_every_argument():
     with BrokenServer("echo") as server:
         load = _native.Load("tcp", server.address[0], server.address[1], 2, 64)
         assert load.open()["status"] == "ok"
+        seen = set()
         try:
             @FUZZ
             @given(messages=st.one_of(st.integers(0, 20), wild_ints.filter(lambda v: v < 0 or v > 20), non_ints),
@@ -150,10 +172,12 @@ def test_phase_accepts_or_refuses_every_argument():
                 try:
                     res = load.phase(messages, duration, stall_timeout, deadline)
                 except (ValueError, TypeError) as exc:
+                    seen.add("refused")
                     assert "\n" not in str(exc)
                     assert not accepted, f"refused with {exc!r}"
                     assert (type(exc) is TypeError) == (not is_int(messages)), exc
                     return
+                seen.add("accepted")
                 assert accepted, "accepted"
                 assert res["status"] == "ok", res["message"]
                 if messages:
@@ -162,6 +186,7 @@ def test_phase_accepts_or_refuses_every_argument():
             check()
         finally:
             load.close()
+    assert seen == {"accepted", "refused"}  # both kinds of case came up
 
 
 # ---- Histogram ---------------------------------------------------------------------------
@@ -205,7 +230,9 @@ def test_cacheline_rtt_accepts_or_refuses(cpu_a, cpu_b, iterations):
     try:
         ns = _native.cacheline_rtt(cpu_a, cpu_b, iterations)
     except (ValueError, TypeError) as exc:
+        event("refused")
         assert not valid, f"refused with {exc!r}"
         assert "\n" not in str(exc)
         return
+    event("accepted")
     assert valid and ns > 0
