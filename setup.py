@@ -3,8 +3,9 @@ native/helpers/ (plain C executables installed in the package beside the extensi
 HELPERS).
 
 Environment:
-  PCB_DEBUG=1     -O0 -g with AddressSanitizer and UBSan (load with LD_PRELOAD of libasan,
-                  see README "Debug build").
+  PCB_DEBUG=1     -O0 -g with AddressSanitizer and UBSan, float-cast overflow included, every
+                  finding fatal (load with LD_PRELOAD of libasan and libubsan; `make test-asan`
+                  builds one into build/asan and runs the native tests under it).
   PCB_CFLAGS=...  extra compiler flags, appended last (so they override the defaults).
 """
 import glob
@@ -33,7 +34,8 @@ HELPER_ARGS = ["-O2", "-Wall", "-Wextra", "-std=gnu11"]
 
 def _flags():
     if os.environ.get("PCB_DEBUG", "") not in ("", "0"):
-        san = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer"]
+        san = ["-fsanitize=address,undefined", "-fsanitize=float-cast-overflow",
+               "-fno-sanitize-recover=all", "-fno-omit-frame-pointer"]
         compile_args = ["-O0", "-g", "-Wall", "-Wextra"] + san
         link_args = san
     else:

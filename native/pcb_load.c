@@ -1,6 +1,7 @@
 /* The load engine; see pcb_load.h. */
 #define _GNU_SOURCE
 #include "pcb_load.h"
+#include "pcb_time.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -188,7 +189,7 @@ static int connect_all(pcb_load *L, pcb_phase_result *res, pcb_check_fn check, v
     struct epoll_event evs[MAX_EVENTS];
     uint32_t n = L->spec.connections, next = 0, inflight = 0, up = 0;
     int64_t t0 = now_ns();
-    int64_t deadline = t0 + (int64_t)(L->spec.connect_timeout * 1e9);
+    int64_t deadline = pcb_ns_after(t0, L->spec.connect_timeout);
     int64_t last_check = t0;
     char where[160];
 
@@ -270,11 +271,13 @@ pcb_load *pcb_load_open(const pcb_load_spec *spec, pcb_phase_result *res, pcb_ch
                         void *arg)
 {
     memset(res, 0, sizeof(*res));
-    if (spec->connections < 1 || spec->size < 1 || spec->size > (1u << 20) ||
-        !(spec->connect_timeout > 0)) {
+    if (spec->connections < 1 || spec->connections > PCB_LOAD_MAX_CONNECTIONS || spec->size < 1 ||
+        spec->size > PCB_LOAD_MAX_SIZE ||
+        (uint64_t)spec->connections * spec->size > PCB_LOAD_MAX_PAYLOAD ||
+        !(spec->connect_timeout > 0) || spec->cpu < -1 || spec->cpu >= CPU_SETSIZE) {
         errno = EINVAL;
-        set_message(res, "invalid load spec (connections %u, size %u)", spec->connections,
-                    spec->size);
+        set_message(res, "invalid load spec (connections %u, size %u, cpu %d)", spec->connections,
+                    spec->size, spec->cpu);
         fail(res, PCB_FAIL_SYSTEM);
         return NULL;
     }
@@ -537,15 +540,21 @@ int pcb_load_phase(pcb_load *L, const pcb_phase_spec *ps, pcb_phase_result *res,
     memset(L->per_conn, 0, sizeof(uint64_t) * L->spec.connections);
 
     phase P = {.L = L, .ps = ps, .res = res, .issuing = true};
+    if (ps->messages > PCB_LOAD_MAX_MESSAGES || (ps->messages == 0 && !(ps->duration > 0)) ||
+        !(ps->stall_timeout > 0) || !(ps->deadline > 0)) {
+        errno = EINVAL;
+        set_message(res, "invalid phase spec (messages %llu)", (unsigned long long)ps->messages);
+        return fail(res, PCB_FAIL_SYSTEM);
+    }
     if (L->live == 0) {
         set_message(res, "no connection left to %s", addr_text(&L->spec, where, sizeof(where)));
         return fail(res, PCB_FAIL_ERRORS);
     }
     thread_cpu(&u0, &s0);
     int64_t t0 = now_ns();
-    int64_t t_end = ps->messages ? INT64_MAX : t0 + (int64_t)(ps->duration * 1e9);
-    int64_t t_deadline = t0 + (int64_t)(ps->deadline * 1e9);
-    int64_t stall_ns = (int64_t)(ps->stall_timeout * 1e9);
+    int64_t t_end = ps->messages ? INT64_MAX : pcb_ns_after(t0, ps->duration);
+    int64_t t_deadline = pcb_ns_after(t0, ps->deadline);
+    int64_t stall_ns = pcb_seconds_ns(ps->stall_timeout);
     int64_t last_check = t0;
     int64_t last_progress = t0;
     uint64_t seen_completed = 0;

@@ -44,20 +44,29 @@ enum pcb_status {
     PCB_FAIL_SYSTEM,      /* epoll/clock/affinity failure; message says which */
 };
 
+/* Limits of a load (pcb_load_open refuses anything beyond them with EINVAL; the binding checks
+ * them first and names the argument). */
+#define PCB_LOAD_MAX_CONNECTIONS (1u << 20)
+#define PCB_LOAD_MAX_SIZE (1u << 20)                  /* bytes per message */
+#define PCB_LOAD_MAX_PAYLOAD (2ULL << 30)             /* connections x size: message buffers */
+#define PCB_LOAD_MAX_MESSAGES ((1ULL << 63) - 1)      /* round trips in one phase */
+
 typedef struct pcb_load_spec {
     struct sockaddr_storage addr; /* AF_INET, AF_INET6 or AF_UNIX; the caller checked it is loopback */
     socklen_t addrlen;
-    uint32_t connections;         /* >= 1 */
-    uint32_t size;                /* message size, 1 .. 1 MiB */
-    double connect_timeout;       /* seconds for all connections */
-    int cpu;                      /* pin the calling thread there; -1: leave as is */
+    uint32_t connections;         /* 1 .. PCB_LOAD_MAX_CONNECTIONS */
+    uint32_t size;                /* message size, 1 .. PCB_LOAD_MAX_SIZE; connections x size at
+                                     most PCB_LOAD_MAX_PAYLOAD */
+    double connect_timeout;       /* seconds for all connections, > 0 (clamped: pcb_time.h) */
+    int cpu;                      /* pin the calling thread there (< CPU_SETSIZE); -1: leave as is */
     uint32_t max_errors;          /* connection errors tolerated per phase before failing */
     uint64_t seed;
 } pcb_load_spec;
 
 typedef struct pcb_phase_spec {
-    uint64_t messages;    /* round trips to complete; 0: run for `duration` seconds */
-    double duration;
+    uint64_t messages;    /* round trips to complete (<= PCB_LOAD_MAX_MESSAGES); 0: run for
+                             `duration` seconds */
+    double duration;      /* seconds; this and the two below are clamped (pcb_time.h) */
     double stall_timeout; /* seconds without any completed round trip */
     double deadline;      /* hard limit on the phase, seconds */
     int minimal;          /* 1: the ceiling client: no clock per message, no payload check,

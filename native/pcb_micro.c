@@ -18,6 +18,7 @@
 #undef _FORTIFY_SOURCE
 
 #include "pcb_micro.h"
+#include "pcb_time.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -1059,7 +1060,7 @@ int pcb_micro_run(int index, const pcb_micro_spec *spec, pcb_micro_result *res,
     pthread_cond_init(&r.cond, &ca);
     pthread_condattr_destroy(&ca);
 
-    int64_t deadline = now_ns() + (int64_t)(spec->timeout * 1e9);
+    int64_t deadline = pcb_ns_after(now_ns(), spec->timeout);
     pthread_t driver;
     int rc = spawn(&r, &driver, driver_main, &r, spec->cpu_a, 0, "pthread_create driver");
     if (rc == 0) {

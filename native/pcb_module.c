@@ -4,6 +4,10 @@
  * only (re-taking it about every 100 ms to run Python's signal handlers, so Ctrl-C and
  * pytest-timeout interrupt a long load), and map errno to OSError, bad arguments to
  * ValueError.  Everything else lives in the pcb_*.c files.
+ *
+ * Every integer argument is read as a Python int and range-checked here (never through the
+ * "I"/"K" formats, which wrap silently): a value outside its range is one ValueError naming
+ * the argument, its range and the value; a value of another type, a TypeError.
  */
 #define PY_SSIZE_T_CLEAN
 #ifndef _GNU_SOURCE
@@ -15,6 +19,8 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <string.h>
+#include <sched.h>
+#include <stdint.h>
 #include <sys/prctl.h>
 #include <sys/un.h>
 
@@ -47,6 +53,82 @@ static int check_signals(void *arg)
     int r = PyErr_CheckSignals();
     g->save = PyEval_SaveThread();
     return r != 0;
+}
+
+/* ---- integer arguments ------------------------------------------------------------ */
+
+/* Sets the one error of an integer outside lo..hi (obj is an int). */
+static int int_out_of_range(const char *name, PyObject *obj, const char *lo, const char *hi)
+{
+    PyErr_Format(PyExc_ValueError, "%s: must be an int in %s .. %s, got %R", name, lo, hi, obj);
+    return -1;
+}
+
+/* Reads an integer argument (anything with __index__) within lo..hi into *out.  Returns 0, or
+ * -1 with ValueError (outside the range: names it and quotes the value) or TypeError (not an
+ * integer). */
+static int int_arg(PyObject *obj, const char *name, long long lo, long long hi, long long *out)
+{
+    PyObject *idx = PyNumber_Index(obj);
+    if (!idx) {
+        if (PyErr_ExceptionMatches(PyExc_TypeError)) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_TypeError, "%s: must be an int, got %.100s", name,
+                         Py_TYPE(obj)->tp_name);
+        }
+        return -1;
+    }
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(idx, &overflow);
+    if (v == -1 && PyErr_Occurred()) {
+        Py_DECREF(idx);
+        return -1;
+    }
+    if (overflow || v < lo || v > hi) {
+        char los[32], his[32];
+        snprintf(los, sizeof(los), "%lld", lo);
+        snprintf(his, sizeof(his), "%lld", hi);
+        int_out_of_range(name, idx, los, his);
+        Py_DECREF(idx);
+        return -1;
+    }
+    Py_DECREF(idx);
+    *out = v;
+    return 0;
+}
+
+/* The same for an unsigned 64-bit argument within lo..hi. */
+static int uint_arg(PyObject *obj, const char *name, unsigned long long lo, unsigned long long hi,
+                    unsigned long long *out)
+{
+    PyObject *idx = PyNumber_Index(obj);
+    if (!idx) {
+        if (PyErr_ExceptionMatches(PyExc_TypeError)) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_TypeError, "%s: must be an int, got %.100s", name,
+                         Py_TYPE(obj)->tp_name);
+        }
+        return -1;
+    }
+    unsigned long long v = PyLong_AsUnsignedLongLong(idx); /* OverflowError when < 0 or too big */
+    int bad = v == (unsigned long long)-1 && PyErr_Occurred();
+    if (bad && !PyErr_ExceptionMatches(PyExc_OverflowError)) {
+        Py_DECREF(idx);
+        return -1;
+    }
+    if (bad)
+        PyErr_Clear();
+    if (bad || v < lo || v > hi) {
+        char los[32], his[32];
+        snprintf(los, sizeof(los), "%llu", lo);
+        snprintf(his, sizeof(his), "%llu", hi);
+        int_out_of_range(name, idx, los, his);
+        Py_DECREF(idx);
+        return -1;
+    }
+    Py_DECREF(idx);
+    *out = v;
+    return 0;
 }
 
 /* ---- names ------------------------------------------------------------------------ */
@@ -165,22 +247,42 @@ static int read_ns(PyObject *obj, long long *v)
     return 0;
 }
 
+/* OverflowError when adding `add` to the count `have` would pass 2**64-1 (the counts would
+ * wrap); `what` says which call. */
+static int refuse_wrap(uint64_t have, uint64_t add, const char *what)
+{
+    if (have <= UINT64_MAX - add)
+        return 0;
+    PyErr_Format(PyExc_OverflowError,
+                 "%s: the histogram would hold more than 2**64-1 values (it holds %llu, adding %llu)",
+                 what, (unsigned long long)have, (unsigned long long)add);
+    return -1;
+}
+
+static int in_hist_range(long long v)
+{
+    return v >= PCB_HIST_MIN_NS && v <= PCB_HIST_MAX_NS;
+}
+
 PyDoc_STRVAR(Hist_record_doc,
 "record(ns, count=1) -> bool\n\n"
-"Records one latency (an int of nanoseconds) `count` times.  False when it is outside\n"
-"HIST_MIN_NS..HIST_MAX_NS: then it is counted in out_of_range, not in the percentiles.");
+"Records one latency (an int of nanoseconds) `count` times (1 .. 2**62).  False when it is\n"
+"outside HIST_MIN_NS..HIST_MAX_NS: then it is counted in out_of_range, not in the percentiles.\n"
+"OverflowError when a count of the histogram would pass 2**64-1.");
 
 static PyObject *Hist_record(HistObject *self, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"ns", "count", NULL};
-    PyObject *value;
+    PyObject *value, *count_obj = NULL;
     unsigned long long count = 1;
     long long v;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|K:record", kwlist, &value, &count))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|O:record", kwlist, &value, &count_obj))
         return NULL;
-    if (count < 1 || count > (1ULL << 62))
-        return PyErr_Format(PyExc_ValueError, "count: must be 1 .. 2**62, got %llu", count);
+    if (count_obj && uint_arg(count_obj, "count", 1, 1ULL << 62, &count) < 0)
+        return NULL;
     if (read_ns(value, &v) < 0)
+        return NULL;
+    if (refuse_wrap(in_hist_range(v) ? self->h->total : self->h->out_of_range, count, "count") < 0)
         return NULL;
     return PyBool_FromLong(pcb_hist_record_n(self->h, v, count));
 }
@@ -200,6 +302,9 @@ static PyObject *Hist_record_many(HistObject *self, PyObject *values)
         long long v;
         int r = read_ns(item, &v);
         Py_DECREF(item);
+        if (r == 0)
+            r = refuse_wrap(in_hist_range(v) ? self->h->total : self->h->out_of_range, 1,
+                            "record_many");
         if (r < 0) {
             Py_DECREF(it);
             return NULL;
@@ -213,14 +318,19 @@ static PyObject *Hist_record_many(HistObject *self, PyObject *values)
 }
 
 PyDoc_STRVAR(Hist_merge_doc,
-"merge(other) -> None\n\nAdds every count of another Histogram into this one.");
+"merge(other) -> None\n\nAdds every count of another Histogram into this one (OverflowError, and\n"
+"nothing added, when a count would pass 2**64-1).");
 
 static PyObject *Hist_merge(HistObject *self, PyObject *other)
 {
     if (!PyObject_TypeCheck(other, Py_TYPE(self)))
         return PyErr_Format(PyExc_TypeError, "merge: needs a Histogram, got %.100s",
                             Py_TYPE(other)->tp_name);
-    pcb_hist_merge(self->h, ((HistObject *)other)->h);
+    const pcb_hist *o = ((HistObject *)other)->h;
+    if (refuse_wrap(self->h->total, o->total, "merge") < 0 ||
+        refuse_wrap(self->h->out_of_range, o->out_of_range, "merge") < 0)
+        return NULL;
+    pcb_hist_merge(self->h, o);
     Py_RETURN_NONE;
 }
 
@@ -429,10 +539,24 @@ typedef struct {
     pcb_load_spec spec;
     pcb_load *load;
     unsigned long owner; /* thread that opened it: phases must run there (CPU pinning) */
+    const char *busy;    /* "open" or "phase" while one runs (GIL released or a signal handler
+                            running inside it): every other method refuses then */
 } LoadObject;
 
+/* RuntimeError when an open() or phase() of this load is running; `what` names the call. */
+static int refuse_if_busy(LoadObject *self, const char *what)
+{
+    if (!self->busy)
+        return 0;
+    PyErr_Format(PyExc_RuntimeError,
+                 "Load.%s: refused while Load.%s() runs (from another thread or a signal "
+                 "handler); call it after that returns", what, self->busy);
+    return -1;
+}
+
 /* Fills spec->addr from a loopback address; sets ValueError otherwise. */
-static int parse_address(pcb_load_spec *spec, const char *family, const char *address, int port)
+static int parse_address(pcb_load_spec *spec, const char *family, const char *address,
+                         long long port)
 {
     memset(&spec->addr, 0, sizeof(spec->addr));
     if (strcmp(family, "unix") == 0) {
@@ -449,7 +573,7 @@ static int parse_address(pcb_load_spec *spec, const char *family, const char *ad
         return 0;
     }
     if (port < 1 || port > 65535) {
-        PyErr_Format(PyExc_ValueError, "port: must be 1..65535, got %d", port);
+        PyErr_Format(PyExc_ValueError, "port: must be 1..65535, got %lld", port);
         return -1;
     }
     struct sockaddr_in *in4 = (struct sockaddr_in *)&spec->addr;
@@ -484,37 +608,45 @@ static int Load_init(LoadObject *self, PyObject *args, PyObject *kwds)
     static char *kwlist[] = {"family", "address", "port", "connections", "size", "connect_timeout",
                              "cpu", "max_errors", "seed", NULL};
     const char *family, *address;
-    int port = 0, cpu = -1;
-    unsigned int connections, size, max_errors = 0;
-    unsigned long long seed = 0;
+    PyObject *port_o, *connections_o, *size_o, *cpu_o = NULL, *max_errors_o = NULL, *seed_o = NULL;
+    long long port, cpu = -1, connections, size;
+    unsigned long long max_errors = 0, seed = 0;
     double connect_timeout = 30.0;
+    if (refuse_if_busy(self, "__init__()") < 0)
+        return -1;
     if (self->load) {
         PyErr_SetString(PyExc_RuntimeError, "Load is already open");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "ssiII|diIK", kwlist, &family, &address, &port,
-                                     &connections, &size, &connect_timeout, &cpu, &max_errors, &seed))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "ssOOO|dOOO", kwlist, &family, &address, &port_o,
+                                     &connections_o, &size_o, &connect_timeout, &cpu_o,
+                                     &max_errors_o, &seed_o))
         return -1;
-    memset(&self->spec, 0, sizeof(self->spec));
-    if (parse_address(&self->spec, family, address, port) < 0)
+    if (int_arg(port_o, "port", 0, 65535, &port) < 0 ||
+        int_arg(connections_o, "connections", 1, PCB_LOAD_MAX_CONNECTIONS, &connections) < 0 ||
+        int_arg(size_o, "size", 1, PCB_LOAD_MAX_SIZE, &size) < 0 ||
+        (cpu_o && int_arg(cpu_o, "cpu", -1, CPU_SETSIZE - 1, &cpu) < 0) ||
+        (max_errors_o && uint_arg(max_errors_o, "max_errors", 0, UINT32_MAX, &max_errors) < 0) ||
+        (seed_o && uint_arg(seed_o, "seed", 0, UINT64_MAX, &seed) < 0))
         return -1;
-    if (connections < 1) {
-        PyErr_Format(PyExc_ValueError, "connections: must be >= 1, got %u", connections);
-        return -1;
-    }
-    if (size < 1 || size > (1u << 20)) {
-        PyErr_Format(PyExc_ValueError, "size: must be 1 .. 1048576 bytes, got %u", size);
+    if ((unsigned long long)connections * (unsigned long long)size > PCB_LOAD_MAX_PAYLOAD) {
+        PyErr_Format(PyExc_ValueError,
+                     "size: %lld bytes times %lld connections needs more than %llu GiB of message "
+                     "buffers", size, connections, PCB_LOAD_MAX_PAYLOAD >> 30);
         return -1;
     }
     if (!(connect_timeout > 0)) {
         PyErr_SetString(PyExc_ValueError, "connect_timeout: must be > 0");
         return -1;
     }
-    self->spec.connections = connections;
-    self->spec.size = size;
+    memset(&self->spec, 0, sizeof(self->spec));
+    if (parse_address(&self->spec, family, address, port) < 0)
+        return -1;
+    self->spec.connections = (uint32_t)connections;
+    self->spec.size = (uint32_t)size;
     self->spec.connect_timeout = connect_timeout;
-    self->spec.cpu = cpu;
-    self->spec.max_errors = max_errors;
+    self->spec.cpu = (int)cpu;
+    self->spec.max_errors = (uint32_t)max_errors;
     self->spec.seed = seed;
     return 0;
 }
@@ -536,15 +668,19 @@ PyDoc_STRVAR(Load_open_doc,
 
 static PyObject *Load_open(LoadObject *self, PyObject *Py_UNUSED(ignored))
 {
+    if (refuse_if_busy(self, "open()") < 0)
+        return NULL;
     if (self->load) {
         PyErr_SetString(PyExc_RuntimeError, "Load is already open");
         return NULL;
     }
     pcb_phase_result res;
     gil_ctx g;
+    self->busy = "open";
     g.save = PyEval_SaveThread();
     pcb_load *load = pcb_load_open(&self->spec, &res, check_signals, &g);
     PyEval_RestoreThread(g.save);
+    self->busy = NULL;
     if (res.status == PCB_FAIL_INTERRUPTED && PyErr_Occurred())
         return NULL;
     if (load) {
@@ -559,16 +695,23 @@ PyDoc_STRVAR(Load_phase_doc,
 "Runs one closed-loop phase with the GIL released: `messages` round trips (or `duration`\n"
 "seconds when messages is 0).  Adds 'latency' (the phase's Histogram, ns) and 'per_conn' to\n"
 "the result dict.\n"
-"Raises the pending exception if a signal handler raised (KeyboardInterrupt, timeouts).");
+"Raises the pending exception if a signal handler raised (KeyboardInterrupt, timeouts);\n"
+"RuntimeError when another open() or phase() of this load is running (a signal handler, a\n"
+"thread).  Seconds beyond about 31 years count as 31 years.");
 
 static PyObject *Load_phase(LoadObject *self, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"messages", "duration", "stall_timeout", "deadline", "minimal", NULL};
+    PyObject *messages_o;
     unsigned long long messages;
     double duration, stall_timeout, deadline;
     int minimal = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "Kddd|p", kwlist, &messages, &duration,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "Oddd|p", kwlist, &messages_o, &duration,
                                      &stall_timeout, &deadline, &minimal))
+        return NULL;
+    if (uint_arg(messages_o, "messages", 0, PCB_LOAD_MAX_MESSAGES, &messages) < 0)
+        return NULL;
+    if (refuse_if_busy(self, "phase()") < 0)
         return NULL;
     if (!self->load) {
         PyErr_SetString(PyExc_RuntimeError, "Load is not open");
@@ -590,9 +733,11 @@ static PyObject *Load_phase(LoadObject *self, PyObject *args, PyObject *kwds)
                          .deadline = deadline, .minimal = minimal};
     pcb_phase_result res;
     gil_ctx g;
+    self->busy = "phase";
     g.save = PyEval_SaveThread();
     pcb_load_phase(self->load, &ps, &res, check_signals, &g);
     PyEval_RestoreThread(g.save);
+    self->busy = NULL;
     if (res.status == PCB_FAIL_INTERRUPTED && PyErr_Occurred())
         return NULL;
 
@@ -636,6 +781,8 @@ static PyObject *Load_phase(LoadObject *self, PyObject *args, PyObject *kwds)
 
 static PyObject *Load_close(LoadObject *self, PyObject *Py_UNUSED(ignored))
 {
+    if (refuse_if_busy(self, "close()") < 0)
+        return NULL;
     if (self->load) {
         pcb_load *load = self->load;
         self->load = NULL;
@@ -654,7 +801,8 @@ static PyObject *Load_get_is_open(LoadObject *self, void *Py_UNUSED(closure))
 static PyMethodDef Load_methods[] = {
     {"open", (PyCFunction)Load_open, METH_NOARGS, Load_open_doc},
     {"phase", (PyCFunction)(void (*)(void))Load_phase, METH_VARARGS | METH_KEYWORDS, Load_phase_doc},
-    {"close", (PyCFunction)Load_close, METH_NOARGS, "close()\n\nCloses every connection; idempotent."},
+    {"close", (PyCFunction)Load_close, METH_NOARGS,
+     "close()\n\nCloses every connection; idempotent.  RuntimeError while open() or phase() runs."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -666,7 +814,10 @@ static PyGetSetDef Load_getset[] = {
 static PyType_Slot Load_slots[] = {
     {Py_tp_doc, "Load(family, address, port, connections, size, connect_timeout=30.0, cpu=-1, "
                 "max_errors=0, seed=0)\n\n"
-                "A set of connections to one loopback echo server, driven by the C epoll engine."},
+                "A set of connections to one loopback echo server, driven by the C epoll engine.\n"
+                "connections 1 .. MAX_CONNECTIONS, size 1 .. MAX_SIZE, connections x size at most\n"
+                "MAX_PAYLOAD_MEMORY, cpu -1 .. 1023, max_errors 0 .. 2**32-1, seed 0 .. 2**64-1:\n"
+                "ValueError outside, naming the argument."},
     {Py_tp_init, Load_init},
     {Py_tp_new, PyType_GenericNew},
     {Py_tp_dealloc, Load_dealloc},
@@ -735,23 +886,33 @@ static PyObject *echo_threads(PyObject *module, PyObject *args)
 
 PyDoc_STRVAR(cacheline_rtt_doc,
 "cacheline_rtt(cpu_a, cpu_b, iterations) -> float\n\n"
-"Median ns of a cache-line round trip between a thread on cpu_a and one on cpu_b.");
+"Median ns of a cache-line round trip between a thread on cpu_a and one on cpu_b (GIL\n"
+"released).  iterations 1 .. CACHELINE_MAX_ITERATIONS (ValueError outside); a signal handler's\n"
+"exception (KeyboardInterrupt) stops the probe within about 100 ms.");
 
 static PyObject *cacheline_rtt(PyObject *module, PyObject *args)
 {
-    int a, b;
-    long iterations;
+    PyObject *a_o, *b_o, *iterations_o;
+    long long a, b, iterations;
     double ns;
-    if (!PyArg_ParseTuple(args, "iil:cacheline_rtt", &a, &b, &iterations))
+    if (!PyArg_ParseTuple(args, "OOO:cacheline_rtt", &a_o, &b_o, &iterations_o))
         return NULL;
-    if (iterations < 1)
-        return PyErr_Format(PyExc_ValueError, "iterations: must be >= 1, got %ld", iterations);
-    Py_BEGIN_ALLOW_THREADS
-    ns = pcb_cacheline_rtt(a, b, iterations);
-    Py_END_ALLOW_THREADS
+    if (int_arg(a_o, "cpu_a", 0, CPU_SETSIZE - 1, &a) < 0 ||
+        int_arg(b_o, "cpu_b", 0, CPU_SETSIZE - 1, &b) < 0 ||
+        int_arg(iterations_o, "iterations", 1, PCB_PROBE_MAX_ITERATIONS, &iterations) < 0)
+        return NULL;
+    gil_ctx g;
+    g.save = PyEval_SaveThread();
+    ns = pcb_cacheline_rtt((int)a, (int)b, (long)iterations, check_signals, &g);
+    int e = errno;
+    PyEval_RestoreThread(g.save);
     if (ns < 0) {
-        if (errno == EINVAL)
-            return PyErr_Format(PyExc_ValueError, "cacheline_rtt: CPU %d or %d is not available", a, b);
+        if (e == EINTR && PyErr_Occurred())
+            return NULL;
+        if (e == EINVAL)
+            return PyErr_Format(PyExc_ValueError, "cacheline_rtt: CPU %lld or %lld is not available",
+                                a, b);
+        errno = e;
         return PyErr_SetFromErrno(PyExc_OSError);
     }
     return PyFloat_FromDouble(ns);
@@ -783,17 +944,21 @@ static PyObject *micro_run(PyObject *module, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"case", "n", "threads", "cpu_a", "cpu_b", "timeout", NULL};
     const char *name;
+    PyObject *n_o, *threads_o = NULL;
     unsigned long long n;
-    unsigned int threads = 1;
+    long long threads = 1;
     int cpu_a = -1, cpu_b = -1;
     double timeout = 60.0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "sK|Iiid:micro_run", kwlist, &name, &n,
-                                     &threads, &cpu_a, &cpu_b, &timeout))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "sO|Oiid:micro_run", kwlist, &name, &n_o,
+                                     &threads_o, &cpu_a, &cpu_b, &timeout))
+        return NULL;
+    if (uint_arg(n_o, "n", 1, PCB_MICRO_MAX_N, &n) < 0 ||
+        (threads_o && int_arg(threads_o, "threads", 1, PCB_MICRO_MAX_THREADS, &threads) < 0))
         return NULL;
     int index = pcb_micro_find(name);
     if (index < 0)
         return PyErr_Format(PyExc_ValueError, "case: unknown native case '%s'", name);
-    pcb_micro_spec spec = {.n = n, .threads = threads, .cpu_a = cpu_a, .cpu_b = cpu_b,
+    pcb_micro_spec spec = {.n = n, .threads = (uint32_t)threads, .cpu_a = cpu_a, .cpu_b = cpu_b,
                            .timeout = timeout};
     pcb_micro_result res;
     char err[256];
@@ -815,7 +980,7 @@ static PyObject *micro_run(PyObject *module, PyObject *args, PyObject *kwds)
         return NULL;
     }
     return Py_BuildValue("{s:s,s:K,s:I,s:K,s:L,s:L,s:K,s:L}", "case", name, "n", n, "threads",
-                         threads, "ops", (unsigned long long)res.ops, "elapsed_ns",
+                         (unsigned int)threads, "ops", (unsigned long long)res.ops, "elapsed_ns",
                          (long long)res.elapsed_ns, "empty_ns", (long long)res.empty_ns,
                          "check", (unsigned long long)res.check, "waited_ns",
                          (long long)res.waited_ns);
@@ -873,7 +1038,12 @@ static int module_exec(PyObject *module)
     if (PyModule_AddIntConstant(module, "HIST_MIN_NS", PCB_HIST_MIN_NS) < 0 ||
         PyModule_AddIntConstant(module, "HIST_MAX_NS", PCB_HIST_MAX_NS) < 0 ||
         PyModule_AddIntConstant(module, "HIST_SUB_BITS", PCB_HIST_SUB_BITS) < 0 ||
-        PyModule_AddIntConstant(module, "MAX_SIZE", 1 << 20) < 0)
+        PyModule_AddIntConstant(module, "MAX_SIZE", PCB_LOAD_MAX_SIZE) < 0 ||
+        PyModule_AddIntConstant(module, "MAX_CONNECTIONS", PCB_LOAD_MAX_CONNECTIONS) < 0 ||
+        PyModule_AddIntConstant(module, "MAX_PAYLOAD_MEMORY", (long)PCB_LOAD_MAX_PAYLOAD) < 0 ||
+        PyModule_AddIntConstant(module, "MAX_MESSAGES", (long)PCB_LOAD_MAX_MESSAGES) < 0 ||
+        PyModule_AddIntConstant(module, "MAX_ERRORS", (long)UINT32_MAX) < 0 ||
+        PyModule_AddIntConstant(module, "CACHELINE_MAX_ITERATIONS", PCB_PROBE_MAX_ITERATIONS) < 0)
         return -1;
     return 0;
 }

@@ -23,6 +23,8 @@
 #define SPINS_BEFORE_YIELD 1000   /* cross-CPU; on one CPU yield at once */
 #define CLOCK_CHECK_MASK 1023     /* read the clock every 1024 spins */
 #define WAIT_LIMIT_NS 2000000000LL
+#define CHECK_MASK 1023           /* read the clock every 1024 round trips ... */
+#define CHECK_EVERY_NS 100000000LL /* ... and call check every 100 ms */
 
 typedef struct probe {
     _Alignas(64) uint64_t counter;  /* the bounced line: caller odd, helper even */
@@ -116,7 +118,25 @@ static int cpu_valid(int cpu)
     return cpu >= 0 && cpu < CPU_SETSIZE && (n <= 0 || cpu < n);
 }
 
-double pcb_cacheline_rtt(int cpu_a, int cpu_b, long iterations)
+/* Every 1024 round trips: when 100 ms passed since the last check, calls `check` (the helper
+ * spins meanwhile).  Returns 0 to go on, or -1 to stop; *excluded grows by the time the check
+ * took, which the batch then leaves out. */
+static int maybe_check(pcb_probe_check_fn check, void *arg, long i, int64_t *last,
+                       int64_t *excluded)
+{
+    if (!check || (i & CHECK_MASK) != CHECK_MASK)
+        return 0;
+    int64_t t = now_ns();
+    if (t - *last < CHECK_EVERY_NS)
+        return 0;
+    int stop = check(arg);
+    *last = now_ns();
+    *excluded += *last - t;
+    return stop ? -1 : 0;
+}
+
+double pcb_cacheline_rtt(int cpu_a, int cpu_b, long iterations, pcb_probe_check_fn check,
+                         void *arg)
 {
     cpu_set_t saved;
     double means[BATCHES];
@@ -125,7 +145,8 @@ double pcb_cacheline_rtt(int cpu_a, int cpu_b, long iterations)
     pthread_attr_t attr;
     pthread_t th;
 
-    if (!cpu_valid(cpu_a) || !cpu_valid(cpu_b) || iterations <= 0) {
+    if (!cpu_valid(cpu_a) || !cpu_valid(cpu_b) || iterations <= 0 ||
+        iterations > PCB_PROBE_MAX_ITERATIONS) {
         errno = EINVAL;
         return -1.0;
     }
@@ -169,20 +190,26 @@ double pcb_cacheline_rtt(int cpu_a, int cpu_b, long iterations)
     }
 
     uint64_t v = 1;
+    int64_t last_check = now_ns(), excluded = 0;
     long warmup = iterations < WARMUP_MAX ? iterations : WARMUP_MAX;
     for (long i = 0; i < warmup; i++, v += 2) {
         __atomic_store_n(&p->counter, v, __ATOMIC_RELEASE);
         if (wait_for(p, v + 1, 0) < 0)
             goto timeout;
+        if (maybe_check(check, arg, i, &last_check, &excluded) < 0)
+            goto interrupted;
     }
     for (int b = 0; b < BATCHES; b++) {
+        excluded = 0;
         int64_t t0 = now_ns();
         for (long i = 0; i < iterations; i++, v += 2) {
             __atomic_store_n(&p->counter, v, __ATOMIC_RELEASE);
             if (wait_for(p, v + 1, 0) < 0)
                 goto timeout;
+            if (maybe_check(check, arg, i, &last_check, &excluded) < 0)
+                goto interrupted;
         }
-        means[b] = (double)(now_ns() - t0) / (double)iterations;
+        means[b] = (double)(now_ns() - t0 - excluded) / (double)iterations;
     }
     qsort(means, BATCHES, sizeof(means[0]), cmp_double);
     result = means[BATCHES / 2];
@@ -191,8 +218,15 @@ double pcb_cacheline_rtt(int cpu_a, int cpu_b, long iterations)
     probe_unref(p);
     goto restore;
 
+interrupted:
+    /* The helper answered the last round trip and spins for the next: it sees stop within
+     * 1024 spins, so the join below is prompt. */
+    err = EINTR;
+    goto stop_helper;
+
 timeout:
     err = ETIMEDOUT;
+stop_helper:
     __atomic_store_n(&p->stop, 1, __ATOMIC_RELAXED);
     {
         /* The helper sees stop within 1024 spins once it runs; if it is not scheduled at

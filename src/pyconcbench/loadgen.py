@@ -35,11 +35,15 @@ __all__ = [
     "run",
 ]
 
+#: The engine's limits (native/pcb_load.h), which it checks itself too.
 MAX_SIZE = _native.MAX_SIZE
+MAX_CONNECTIONS = _native.MAX_CONNECTIONS
+MAX_MESSAGES = _native.MAX_MESSAGES
+MAX_ERRORS = _native.MAX_ERRORS
+#: Message buffers the engine may allocate (connections x size) before refusing.
+MAX_PAYLOAD_MEMORY = _native.MAX_PAYLOAD_MEMORY
 #: Sockets, pipes and files the process needs besides the load's connections.
 FD_MARGIN = 64
-#: Message buffers the engine may allocate (connections x size) before refusing.
-MAX_PAYLOAD_MEMORY = 2 << 30
 #: A load generator busier than this share of one CPU may be what limits the rate.
 LOADGEN_BOUND_SHARE = 0.90
 #: A connection that completed fewer round trips than this share of the mean is starving
@@ -55,7 +59,9 @@ ERROR_KINDS = ("connect_refused", "connect_other", "reset", "early_eof", "timeou
 
 class LoadError(RuntimeError):
     """A load that could not run to its end: ``kind`` is one of connect, payload_mismatch,
-    stall, deadline, errors, system; ``result`` holds what the engine counted until then."""
+    stall, deadline, errors, interrupted, system (the engine's status), or latency_range (a
+    round trip outside the latency histogram's range: the phase ran, but its percentiles and
+    max would leave it out); ``result`` holds what the engine counted until then."""
 
     def __init__(self, kind: str, message: str, result: Optional[Dict[str, Any]] = None):
         super().__init__(f"load {kind}: {message}")
@@ -109,6 +115,7 @@ class LoadSpec:
     duration: float = 0.0              #: measured seconds, when messages is 0
     warmup_messages: int = 1_000       #: round trips before measuring
     warmup_seconds: float = 0.0        #: or seconds of warm-up (used when > 0)
+    #: seconds: any finite number > 0; the engine counts more than about 31 years as 31 years
     connect_timeout: float = 30.0      #: for all connections together
     stall_timeout: float = 10.0        #: no round trip completed for this long: fail
     deadline: float = 300.0            #: hard limit on each phase, seconds
@@ -133,11 +140,14 @@ class LoadSpec:
                 raise _fail("path", self.path, "must be the server's UNIX socket path")
             if len(os.fsencode(self.path)) > 107:
                 raise _fail("path", self.path, "is longer than the 107 bytes a UNIX socket path may have")
-        for name, low in (("connections", 1), ("size", 1), ("messages", 0),
-                          ("warmup_messages", 0), ("max_errors", 0), ("seed", 0)):
+        for name, low, high in (("connections", 1, MAX_CONNECTIONS), ("size", 1, None),
+                                ("messages", 0, MAX_MESSAGES), ("warmup_messages", 0, MAX_MESSAGES),
+                                ("max_errors", 0, MAX_ERRORS), ("seed", 0, None)):
             value = getattr(self, name)
             if not _is_int(value) or value < low:
                 raise _fail(name, value, f"must be an int >= {low}")
+            if high is not None and value > high:
+                raise _fail(name, value, f"must be at most {high}")
         if self.size > MAX_SIZE:
             raise _fail("size", self.size, f"must be at most {MAX_SIZE} bytes (1 MiB)")
         if self.seed >= 2 ** 64:
@@ -271,8 +281,19 @@ def ensure_fd_limit(connections: int) -> int:
 
 
 def _raise_for(res: Dict[str, Any]) -> None:
+    """The one place an engine result becomes a LoadError: a failed status, or a phase with a
+    latency outside the histogram's range (counted there, never in its percentiles)."""
     if res["status"] != "ok":
         raise LoadError(res["status"], res["message"], res)
+    hist = res.get("latency")
+    if hist is not None and hist.out_of_range:
+        slowest = f"{hist.max / 1e6:.3f} ms" if hist.count else "none"
+        raise LoadError(
+            "latency_range",
+            f"{hist.out_of_range} of {hist.count + hist.out_of_range} round trips took longer "
+            f"than {_native.HIST_MAX_NS / 1e9:g} s (or under {_native.HIST_MIN_NS} ns), outside "
+            f"the latency histogram's range; p99 and max would leave them out (slowest in "
+            f"range: {slowest})", res)
 
 
 class LoadSession:
@@ -356,9 +377,11 @@ class LoadSession:
         return res
 
     def close(self) -> None:
+        """Closes the connections.  RuntimeError while a round of this session runs (from
+        another thread or a signal handler); the session then stays open."""
         if self._load is not None:
-            load, self._load = self._load, None
-            load.close()
+            self._load.close()
+            self._load = None
 
     def __enter__(self) -> "LoadSession":
         self.open()
