@@ -25,6 +25,28 @@
 #include <sys/un.h>
 
 #include "pcb_echo.h"
+
+/* Free-threaded CPython (3.13t+): the module declares Py_MOD_GIL_NOT_USED, so every object that
+ * can be shared between threads guards its own state.  A Histogram holds its per-object lock
+ * (a critical section, 3.13+; nothing to do with the GIL) in every method; a Load claims itself
+ * atomically for the length of a call (see load_claim).  Before 3.13 the GIL does both. */
+#ifndef Py_BEGIN_CRITICAL_SECTION
+#define Py_BEGIN_CRITICAL_SECTION(op) {
+#define Py_END_CRITICAL_SECTION() }
+#define Py_BEGIN_CRITICAL_SECTION2(a, b) {
+#define Py_END_CRITICAL_SECTION2() }
+#endif
+
+/* NAME(PARAMS): NAME_locked(ARGS) inside the object's critical section (its per-object lock). */
+#define LOCKED_METHOD(name, params, args)      \
+    static PyObject *name params               \
+    {                                          \
+        PyObject *r;                           \
+        Py_BEGIN_CRITICAL_SECTION(self);       \
+        r = name##_locked args;                \
+        Py_END_CRITICAL_SECTION();             \
+        return r;                              \
+    }
 #include "pcb_hist.h"
 #include "pcb_load.h"
 #include "pcb_probe.h"
@@ -270,7 +292,7 @@ PyDoc_STRVAR(Hist_record_doc,
 "outside HIST_MIN_NS..HIST_MAX_NS: then it is counted in out_of_range, not in the percentiles.\n"
 "OverflowError when a count of the histogram would pass 2**64-1.");
 
-static PyObject *Hist_record(HistObject *self, PyObject *args, PyObject *kwds)
+static PyObject *Hist_record_locked(HistObject *self, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"ns", "count", NULL};
     PyObject *value, *count_obj = NULL;
@@ -287,11 +309,12 @@ static PyObject *Hist_record(HistObject *self, PyObject *args, PyObject *kwds)
     return PyBool_FromLong(pcb_hist_record_n(self->h, v, count));
 }
 
+
 PyDoc_STRVAR(Hist_record_many_doc,
 "record_many(values) -> int\n\n"
 "Records every latency of an iterable of ints (ns); returns how many were in range.");
 
-static PyObject *Hist_record_many(HistObject *self, PyObject *values)
+static PyObject *Hist_record_many_locked(HistObject *self, PyObject *values)
 {
     PyObject *it = PyObject_GetIter(values);
     if (!it)
@@ -317,11 +340,12 @@ static PyObject *Hist_record_many(HistObject *self, PyObject *values)
     return PyLong_FromUnsignedLongLong(recorded);
 }
 
+
 PyDoc_STRVAR(Hist_merge_doc,
 "merge(other) -> None\n\nAdds every count of another Histogram into this one (OverflowError, and\n"
 "nothing added, when a count would pass 2**64-1).");
 
-static PyObject *Hist_merge(HistObject *self, PyObject *other)
+static PyObject *Hist_merge_locked(HistObject *self, PyObject *other)
 {
     if (!PyObject_TypeCheck(other, Py_TYPE(self)))
         return PyErr_Format(PyExc_TypeError, "merge: needs a Histogram, got %.100s",
@@ -334,13 +358,24 @@ static PyObject *Hist_merge(HistObject *self, PyObject *other)
     Py_RETURN_NONE;
 }
 
+static PyObject *Hist_merge(HistObject *self, PyObject *other)
+{
+    PyObject *r;
+    if (!PyObject_TypeCheck(other, Py_TYPE(self)))
+        return Hist_merge_locked(self, other); /* the TypeError */
+    Py_BEGIN_CRITICAL_SECTION2(self, other);
+    r = Hist_merge_locked(self, other);
+    Py_END_CRITICAL_SECTION2();
+    return r;
+}
+
 PyDoc_STRVAR(Hist_percentiles_doc,
 "percentiles(pcts) -> list of int\n\n"
 "For each p of an ascending list within 0..100: the highest value of the bucket holding the\n"
 "smallest recorded value with at least p % of the values at or below it, never beyond the exact\n"
 "min and max (100 gives the exact max).  Zeros when nothing was recorded.");
 
-static PyObject *Hist_percentiles(HistObject *self, PyObject *pcts)
+static PyObject *Hist_percentiles_locked(HistObject *self, PyObject *pcts)
 {
     double *p = NULL;
     Py_ssize_t n = read_percentiles(pcts, &p);
@@ -366,10 +401,11 @@ static PyObject *Hist_percentiles(HistObject *self, PyObject *pcts)
     return list;
 }
 
+
 PyDoc_STRVAR(Hist_buckets_doc,
 "buckets() -> list of (highest ns, count)\n\nThe non-empty buckets, ascending.");
 
-static PyObject *Hist_buckets(HistObject *self, PyObject *Py_UNUSED(ignored))
+static PyObject *Hist_buckets_locked(HistObject *self, PyObject *Py_UNUSED(ignored))
 {
     const pcb_hist *h = self->h;
     PyObject *buckets = PyList_New(0);
@@ -390,6 +426,7 @@ static PyObject *Hist_buckets(HistObject *self, PyObject *Py_UNUSED(ignored))
     return buckets;
 }
 
+
 #define PERCENTILE_COUNT 6
 static const double PERCENTILES[PERCENTILE_COUNT] = {50.0, 90.0, 95.0, 99.0, 99.9, 100.0};
 static const char *const PERCENTILE_KEYS[PERCENTILE_COUNT] = {"p50", "p90", "p95", "p99", "p99_9", "max"};
@@ -398,7 +435,7 @@ PyDoc_STRVAR(Hist_summary_doc,
 "summary() -> dict\n\n"
 "count, out_of_range, min, mean, p50, p90, p95, p99, p99_9, max (ns; zeros when empty).");
 
-static PyObject *Hist_summary(HistObject *self, PyObject *Py_UNUSED(ignored))
+static PyObject *Hist_summary_locked(HistObject *self, PyObject *Py_UNUSED(ignored))
 {
     const pcb_hist *h = self->h;
     int64_t out[PERCENTILE_COUNT];
@@ -421,9 +458,10 @@ static PyObject *Hist_summary(HistObject *self, PyObject *Py_UNUSED(ignored))
     return d;
 }
 
+
 PyDoc_STRVAR(Hist_copy_doc, "copy() -> Histogram\n\nAn independent copy.");
 
-static PyObject *Hist_copy(HistObject *self, PyObject *Py_UNUSED(ignored))
+static PyObject *Hist_copy_locked(HistObject *self, PyObject *Py_UNUSED(ignored))
 {
     HistObject *c = hist_alloc(Py_TYPE(self));
     if (c)
@@ -431,43 +469,64 @@ static PyObject *Hist_copy(HistObject *self, PyObject *Py_UNUSED(ignored))
     return (PyObject *)c;
 }
 
-static PyObject *Hist_deepcopy(HistObject *self, PyObject *Py_UNUSED(memo))
-{
-    return Hist_copy(self, NULL);
-}
 
-static PyObject *Hist_get_count(HistObject *self, void *Py_UNUSED(closure))
+
+static PyObject *Hist_get_count_locked(HistObject *self, void *Py_UNUSED(closure))
 {
     return PyLong_FromUnsignedLongLong(self->h->total);
 }
 
-static PyObject *Hist_get_out_of_range(HistObject *self, void *Py_UNUSED(closure))
+
+static PyObject *Hist_get_out_of_range_locked(HistObject *self, void *Py_UNUSED(closure))
 {
     return PyLong_FromUnsignedLongLong(self->h->out_of_range);
 }
 
-static PyObject *Hist_get_min(HistObject *self, void *Py_UNUSED(closure))
+
+static PyObject *Hist_get_min_locked(HistObject *self, void *Py_UNUSED(closure))
 {
     return PyLong_FromLongLong(self->h->total ? self->h->min : 0);
 }
 
-static PyObject *Hist_get_max(HistObject *self, void *Py_UNUSED(closure))
+
+static PyObject *Hist_get_max_locked(HistObject *self, void *Py_UNUSED(closure))
 {
     return PyLong_FromLongLong(self->h->total ? self->h->max : 0);
 }
 
-static PyObject *Hist_get_mean(HistObject *self, void *Py_UNUSED(closure))
+
+static PyObject *Hist_get_mean_locked(HistObject *self, void *Py_UNUSED(closure))
 {
     return PyFloat_FromDouble(self->h->total ? self->h->sum / (double)self->h->total : 0.0);
 }
 
-static PyObject *Hist_repr(HistObject *self)
+
+static PyObject *Hist_repr_locked(HistObject *self)
 {
     const pcb_hist *h = self->h;
     return PyUnicode_FromFormat("<Histogram count=%llu min=%lld max=%lld out_of_range=%llu>",
                                 (unsigned long long)h->total, (long long)(h->total ? h->min : 0),
                                 (long long)(h->total ? h->max : 0),
                                 (unsigned long long)h->out_of_range);
+}
+
+
+LOCKED_METHOD(Hist_record, (HistObject *self, PyObject *args, PyObject *kwds), (self, args, kwds))
+LOCKED_METHOD(Hist_record_many, (HistObject *self, PyObject *values), (self, values))
+LOCKED_METHOD(Hist_percentiles, (HistObject *self, PyObject *pcts), (self, pcts))
+LOCKED_METHOD(Hist_buckets, (HistObject *self, PyObject *Py_UNUSED(ignored)), (self, NULL))
+LOCKED_METHOD(Hist_summary, (HistObject *self, PyObject *Py_UNUSED(ignored)), (self, NULL))
+LOCKED_METHOD(Hist_copy, (HistObject *self, PyObject *Py_UNUSED(ignored)), (self, NULL))
+LOCKED_METHOD(Hist_get_count, (HistObject *self, void *Py_UNUSED(closure)), (self, NULL))
+LOCKED_METHOD(Hist_get_out_of_range, (HistObject *self, void *Py_UNUSED(closure)), (self, NULL))
+LOCKED_METHOD(Hist_get_min, (HistObject *self, void *Py_UNUSED(closure)), (self, NULL))
+LOCKED_METHOD(Hist_get_max, (HistObject *self, void *Py_UNUSED(closure)), (self, NULL))
+LOCKED_METHOD(Hist_get_mean, (HistObject *self, void *Py_UNUSED(closure)), (self, NULL))
+LOCKED_METHOD(Hist_repr, (HistObject *self), (self))
+
+static PyObject *Hist_deepcopy(HistObject *self, PyObject *Py_UNUSED(memo))
+{
+    return Hist_copy(self, NULL);
 }
 
 static PyMethodDef Hist_methods[] = {
@@ -539,20 +598,43 @@ typedef struct {
     pcb_load_spec spec;
     pcb_load *load;
     unsigned long owner; /* thread that opened it: phases must run there (CPU pinning) */
-    const char *busy;    /* "open" or "phase" while one runs (GIL released or a signal handler
-                            running inside it): every other method refuses then */
+    int busy;            /* LOAD_IDLE, or the call that has claimed the load (load_claim): while
+                            open() or phase() runs (GIL released, a signal handler running
+                            inside it, or another thread of a free-threaded build) every other
+                            method refuses */
 } LoadObject;
 
-/* RuntimeError when an open() or phase() of this load is running; `what` names the call. */
-static int refuse_if_busy(LoadObject *self, const char *what)
+enum { LOAD_IDLE, LOAD_INIT, LOAD_OPEN, LOAD_PHASE, LOAD_CLOSE };
+static const char *const LOAD_CALLS[] = {"", "__init__", "open", "phase", "close"};
+
+/* Claims the load for one call, atomically (a compare-and-swap: two threads of a free-threaded
+ * build cannot both win); RuntimeError naming both calls when another holds it. */
+static int load_claim(LoadObject *self, int call)
 {
-    if (!self->busy)
+    int holder = LOAD_IDLE;
+    if (__atomic_compare_exchange_n(&self->busy, &holder, call, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
         return 0;
     PyErr_Format(PyExc_RuntimeError,
-                 "Load.%s: refused while Load.%s() runs (from another thread or a signal "
-                 "handler); call it after that returns", what, self->busy);
+                 "Load.%s(): refused while Load.%s() runs (from another thread or a signal "
+                 "handler); call it after that returns", LOAD_CALLS[call], LOAD_CALLS[holder]);
     return -1;
 }
+
+static void load_release(LoadObject *self)
+{
+    __atomic_store_n(&self->busy, LOAD_IDLE, __ATOMIC_RELEASE);
+}
+
+/* NAME(PARAMS): NAME_claimed(ARGS) with the load claimed for CALL; FAIL when it is busy. */
+#define CLAIMED_METHOD(type, name, params, args, call, fail) \
+    static type name params                                  \
+    {                                                        \
+        if (load_claim(self, call) < 0)                      \
+            return fail;                                     \
+        type r = name##_claimed args;                        \
+        load_release(self);                                  \
+        return r;                                            \
+    }
 
 /* Fills spec->addr from a loopback address; sets ValueError otherwise. */
 static int parse_address(pcb_load_spec *spec, const char *family, const char *address,
@@ -603,7 +685,7 @@ static int parse_address(pcb_load_spec *spec, const char *family, const char *ad
     return -1;
 }
 
-static int Load_init(LoadObject *self, PyObject *args, PyObject *kwds)
+static int Load_init_claimed(LoadObject *self, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"family", "address", "port", "connections", "size", "connect_timeout",
                              "cpu", "max_errors", "seed", NULL};
@@ -612,8 +694,6 @@ static int Load_init(LoadObject *self, PyObject *args, PyObject *kwds)
     long long port, cpu = -1, connections, size;
     unsigned long long max_errors = 0, seed = 0;
     double connect_timeout = 30.0;
-    if (refuse_if_busy(self, "__init__()") < 0)
-        return -1;
     if (self->load) {
         PyErr_SetString(PyExc_RuntimeError, "Load is already open");
         return -1;
@@ -666,25 +746,21 @@ PyDoc_STRVAR(Load_open_doc,
 "open() -> dict\n\nEstablishes every connection (GIL released). Returns the result dict: status\n"
 "'ok' with elapsed = connect seconds, or a failure status and message (the load stays closed).");
 
-static PyObject *Load_open(LoadObject *self, PyObject *Py_UNUSED(ignored))
+static PyObject *Load_open_claimed(LoadObject *self, PyObject *Py_UNUSED(ignored))
 {
-    if (refuse_if_busy(self, "open()") < 0)
-        return NULL;
     if (self->load) {
         PyErr_SetString(PyExc_RuntimeError, "Load is already open");
         return NULL;
     }
     pcb_phase_result res;
     gil_ctx g;
-    self->busy = "open";
     g.save = PyEval_SaveThread();
     pcb_load *load = pcb_load_open(&self->spec, &res, check_signals, &g);
     PyEval_RestoreThread(g.save);
-    self->busy = NULL;
     if (res.status == PCB_FAIL_INTERRUPTED && PyErr_Occurred())
         return NULL;
     if (load) {
-        self->load = load;
+        __atomic_store_n(&self->load, load, __ATOMIC_RELEASE); /* is_open reads it unclaimed */
         self->owner = PyThread_get_thread_ident();
     }
     return result_dict(&res);
@@ -699,7 +775,7 @@ PyDoc_STRVAR(Load_phase_doc,
 "RuntimeError when another open() or phase() of this load is running (a signal handler, a\n"
 "thread).  Seconds beyond about 31 years count as 31 years.");
 
-static PyObject *Load_phase(LoadObject *self, PyObject *args, PyObject *kwds)
+static PyObject *Load_phase_claimed(LoadObject *self, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"messages", "duration", "stall_timeout", "deadline", "minimal", NULL};
     PyObject *messages_o;
@@ -710,8 +786,6 @@ static PyObject *Load_phase(LoadObject *self, PyObject *args, PyObject *kwds)
                                      &stall_timeout, &deadline, &minimal))
         return NULL;
     if (uint_arg(messages_o, "messages", 0, PCB_LOAD_MAX_MESSAGES, &messages) < 0)
-        return NULL;
-    if (refuse_if_busy(self, "phase()") < 0)
         return NULL;
     if (!self->load) {
         PyErr_SetString(PyExc_RuntimeError, "Load is not open");
@@ -733,11 +807,9 @@ static PyObject *Load_phase(LoadObject *self, PyObject *args, PyObject *kwds)
                          .deadline = deadline, .minimal = minimal};
     pcb_phase_result res;
     gil_ctx g;
-    self->busy = "phase";
     g.save = PyEval_SaveThread();
     pcb_load_phase(self->load, &ps, &res, check_signals, &g);
     PyEval_RestoreThread(g.save);
-    self->busy = NULL;
     if (res.status == PCB_FAIL_INTERRUPTED && PyErr_Occurred())
         return NULL;
 
@@ -779,13 +851,11 @@ static PyObject *Load_phase(LoadObject *self, PyObject *args, PyObject *kwds)
     return d;
 }
 
-static PyObject *Load_close(LoadObject *self, PyObject *Py_UNUSED(ignored))
+static PyObject *Load_close_claimed(LoadObject *self, PyObject *Py_UNUSED(ignored))
 {
-    if (refuse_if_busy(self, "close()") < 0)
-        return NULL;
     if (self->load) {
         pcb_load *load = self->load;
-        self->load = NULL;
+        __atomic_store_n(&self->load, NULL, __ATOMIC_RELEASE);
         Py_BEGIN_ALLOW_THREADS
         pcb_load_close(load);
         Py_END_ALLOW_THREADS
@@ -793,9 +863,14 @@ static PyObject *Load_close(LoadObject *self, PyObject *Py_UNUSED(ignored))
     Py_RETURN_NONE;
 }
 
+CLAIMED_METHOD(int, Load_init, (LoadObject *self, PyObject *args, PyObject *kwds), (self, args, kwds), LOAD_INIT, -1)
+CLAIMED_METHOD(PyObject *, Load_open, (LoadObject *self, PyObject *Py_UNUSED(ignored)), (self, NULL), LOAD_OPEN, NULL)
+CLAIMED_METHOD(PyObject *, Load_phase, (LoadObject *self, PyObject *args, PyObject *kwds), (self, args, kwds), LOAD_PHASE, NULL)
+CLAIMED_METHOD(PyObject *, Load_close, (LoadObject *self, PyObject *Py_UNUSED(ignored)), (self, NULL), LOAD_CLOSE, NULL)
+
 static PyObject *Load_get_is_open(LoadObject *self, void *Py_UNUSED(closure))
 {
-    return PyBool_FromLong(self->load != NULL);
+    return PyBool_FromLong(__atomic_load_n(&self->load, __ATOMIC_ACQUIRE) != NULL);
 }
 
 static PyMethodDef Load_methods[] = {
@@ -1069,6 +1144,10 @@ static void module_free(void *module)
 
 static PyModuleDef_Slot module_slots[] = {
     {Py_mod_exec, module_exec},
+#ifdef Py_mod_gil
+    /* safe without the GIL: see the note at the top (critical sections, load_claim) */
+    {Py_mod_gil, Py_MOD_GIL_NOT_USED},
+#endif
     {0, NULL},
 };
 
