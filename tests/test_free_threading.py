@@ -109,3 +109,26 @@ def test_threads_racing_close_against_a_running_phase_cannot_free_it():
         load.close()
         assert not load.is_open
     assert len(refused) == 300 and all("refused while Load.phase() runs" in r for r in refused), refused[:3]
+
+
+def test_machine_facts_say_which_build_and_whether_the_gil_is_on():
+    from pyconcbench import machine
+    facts = machine.machine_facts()
+    assert facts["python_build"] == ("free-threaded" if FREE_THREADED else "default")
+    expected = sys._is_gil_enabled() if hasattr(sys, "_is_gil_enabled") else True
+    assert facts["gil_enabled"] is expected
+
+
+def test_tables_name_a_free_threaded_python_by_its_gil():
+    from pyconcbench import metrics
+    assert metrics.python_label("3.13.15", "default", True) == "3.13.15"
+    assert metrics.python_label("3.13.15", "free-threaded", False) == "3.13.15t (no GIL)"
+    assert metrics.python_label("3.13.15", "free-threaded", True) == "3.13.15t (GIL on)"
+    assert metrics.python_label("3.11.7") == "3.11.7"  # runs saved before the fact existed
+
+
+def test_a_baseline_from_the_other_build_is_another_python_to_the_gate():
+    from pyconcbench import gate
+    base = {"pyconcbench": {"python": "3.13.15", "python_build": "default", "gil_enabled": True}}
+    new = {"pyconcbench": {"python": "3.13.15", "python_build": "free-threaded", "gil_enabled": False}}
+    assert gate.fact_differences(base, new) == ["python_build: default -> free-threaded", "gil_enabled: True -> False"]

@@ -64,6 +64,7 @@ else:
     out["pyconcbench"] = pyconcbench.__version__
     out["pyconcbench_path"] = pyconcbench.__file__
     out["libraries"] = machine.collect_versions()
+    out.update(machine.python_build())
 print(json.dumps(out))
 """
 
@@ -83,7 +84,8 @@ class Environment:
     def label(self) -> str:
         d = self.described
         extra = "".join(f" {k}={v}" for k, v in sorted(self.env.items()))
-        return f"{self.side.upper()}: {self.given} (Python {d.get('python', '?')}){extra}"
+        python = metrics.python_label(d.get("python", "?"), d.get("python_build"), d.get("gil_enabled"))
+        return f"{self.side.upper()}: {self.given} (Python {python}){extra}"
 
     def as_dict(self) -> Dict[str, Any]:
         return {"given": self.given, "python": self.python, "env": dict(self.env), **self.described}

@@ -551,7 +551,7 @@ def compare_runs(base: Sequence[Any], new: Sequence[Dict[str, Any]], rules: Sequ
 # ---- machine facts ----------------------------------------------------------------------
 
 #: Facts that must match for two runs' numbers to be comparable.
-FACTS = ("cpu_model", "cpus_online", "kernel", "python", "python_implementation")
+FACTS = ("cpu_model", "cpus_online", "kernel", "python", "python_implementation", "python_build", "gil_enabled")
 
 
 def fact_differences(base_machine: Dict[str, Any], new_machine: Dict[str, Any]) -> List[str]:

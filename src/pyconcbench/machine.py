@@ -59,6 +59,18 @@ def collect_sysctl(name: str) -> Optional[str]:
     return text.strip() if text is not None else None
 
 
+def python_build() -> Dict[str, Any]:
+    """This interpreter's build and GIL: ``python_build`` "free-threaded" (compiled with
+    Py_GIL_DISABLED, PEP 703) or "default", and ``gil_enabled`` now (a free-threaded build turns
+    the GIL back on for an extension that does not declare it can run without it, or under
+    PYTHON_GIL=1)."""
+    import sysconfig
+    free = bool(sysconfig.get_config_var("Py_GIL_DISABLED"))
+    gil = getattr(sys, "_is_gil_enabled", None)
+    return {"python_build": "free-threaded" if free else "default",
+            "gil_enabled": bool(gil()) if gil is not None else True}
+
+
 def machine_facts() -> Dict[str, Any]:
     """What a reader needs to judge a saved result: CPU, kernel, limits, library versions."""
     from . import __version__
@@ -70,6 +82,7 @@ def machine_facts() -> Dict[str, Any]:
         "kernel": platform.release(),
         "python": sys.version.split()[0],
         "python_implementation": platform.python_implementation(),
+        **python_build(),
         "fd_limit": collect_fd_limit(),
         "somaxconn": collect_sysctl("net.core.somaxconn"),
         "ip_local_port_range": collect_sysctl("net.ipv4.ip_local_port_range"),

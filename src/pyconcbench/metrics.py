@@ -172,7 +172,8 @@ _ECHO_ROUND = {"msgs_per_s": NONNEG, "latency_p50_us": NONNEG, "latency_p90_us":
 _LATENCIES = {k: NONNEG for k in ("latency_p50_us", "latency_p90_us", "latency_p95_us", "latency_p99_us")}
 _INTERVAL = {"ratio": REQUIRED(NUMBER), "low": REQUIRED(NUMBER), "high": REQUIRED(NUMBER),
              "confidence": REQUIRED(NUMBER), "pairs": COUNT}
-_ENVIRONMENT = {"given": TEXT, "executable": TEXT, "python": TEXT, "pyconcbench": TEXT,
+_ENVIRONMENT = {"given": TEXT, "executable": TEXT, "python": TEXT, "pyconcbench": TEXT, "python_build": TEXT,
+                "gil_enabled": FLAG,
                 "libraries": MapOf(SCALAR), "env": MapOf(SCALAR)}
 _AB_SIDE = {"environment": _ENVIRONMENT, "msgs_per_s": NONNEG, **_LATENCIES, "server_cpu_us_per_msg": NUMBER,
             "rounds": ListOf(_ECHO_ROUND)}
@@ -221,7 +222,8 @@ RUN_FIELDS: Dict[str, Any] = {
     "machine_info": {
         "python_version": TEXT, "python_implementation": TEXT, "python_compiler": TEXT, "release": TEXT,
         "cpu": {"brand_raw": TEXT},
-        "pyconcbench": {"python": TEXT, "python_implementation": TEXT, "cpu_model": TEXT, "kernel": TEXT,
+        "pyconcbench": {"python": TEXT, "python_implementation": TEXT, "python_build": TEXT, "gil_enabled": FLAG,
+                        "cpu_model": TEXT, "kernel": TEXT,
                         "cpus_online": COUNT, "fd_limit": {"soft": SCALAR, "hard": SCALAR},
                         "libraries": MapOf(SCALAR), "settings": {"profile": TEXT, "pinning": TEXT}},
     },
@@ -389,3 +391,11 @@ def md_code(text: Any, in_table: bool = True) -> str:
     if any(ch in text for ch in "`<\\") or not text.isprintable():
         return md_text(text)
     return "`" + (text.replace("|", "\\|") if in_table else text) + "`"
+
+
+def python_label(version: str, build: Any = None, gil: Any = None) -> str:
+    """'3.13.15' for the default build, '3.13.15t (no GIL)' / '3.13.15t (GIL on)' for a
+    free-threaded one: how tables name a Python."""
+    if build != "free-threaded":
+        return version
+    return f"{version}t ({'GIL on' if gil else 'no GIL'})"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Sequence, Tuple
 
+from pyconcbench import metrics
 from pyconcbench.report.echo_tables import size_label
 
 HEAD = ["case", "A msgs/s", "B msgs/s", "B/A msgs/s [interval]", "B/A p99 [interval]",
@@ -49,7 +50,7 @@ def environments(infos: Sequence[Dict[str, Any]]) -> List[str]:
             env = (info.get(side) or {}).get("environment") or {}
             libs = env.get("libraries") or {}
             text = (f"{side.upper()}: {env.get('given', '?')} = {env.get('executable') or env.get('python', '?')} "
-                    f"(Python {env.get('python', '?')}, pyconcbench {env.get('pyconcbench', '?')}"
+                    f"(Python {metrics.python_label(env.get('python', '?'), env.get('python_build'), env.get('gil_enabled'))}, pyconcbench {env.get('pyconcbench', '?')}"
                     + "".join(f", {k} {v}" for k, v in sorted(libs.items()) if k in ("uvloop", "gevent", "greenlet",
                                                                                       "tornado", "trio", "anyio"))
                     + ")" + "".join(f" {k}={v}" for k, v in sorted((env.get("env") or {}).items())))

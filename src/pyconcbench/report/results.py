@@ -54,7 +54,8 @@ class Run:
     def python_label(self) -> str:
         """'3.11.7' or 'PyPy 7.3' style: what a by-Python column is headed with."""
         impl = self.facts.get("python_implementation") or self.machine.get("python_implementation") or "CPython"
-        return self.python if impl == "CPython" else f"{impl} {self.python}"
+        version = metrics.python_label(self.python, self.facts.get("python_build"), self.facts.get("gil_enabled"))
+        return version if impl == "CPython" else f"{impl} {version}"
 
     @property
     def name(self) -> str:
