@@ -268,6 +268,10 @@ class ServerProcess:
         if self.malloc != "tuned":
             for name in MALLOC_TUNED_ENV:  # the state is --malloc's, not the caller's environment's
                 env.pop(name, None)
+        # Without cached bytecode the server compiles its modules at start, and the compiler
+        # frees blocks large enough to move glibc's mmap threshold: a "pristine" server would
+        # not be (measured: READY's malloc_probe 'heap' instead of 'mmap').  Let it cache them.
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
         env.update(self.env)
         self._child = procs.Child(self.argv(), env=env, cpu=self._exec_cpu(), tmpdir=self._tmpdir)
         try:
