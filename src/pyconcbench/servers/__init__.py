@@ -44,6 +44,8 @@ IMPLS = {
     "uvloop_buffered": Impl("uvloop_buffered", ("uvloop",), "uvloop, BufferedProtocol"),
     "selectors": Impl("selectors", (), "one thread, selectors.DefaultSelector, non-blocking"),
     "threads": Impl("threads", (), "one OS thread per connection, blocking sockets"),
+    "threads_loops": Impl("threads_loops", (), "an asyncio loop per thread, one shared listening socket"),
+    "threads_uvloops": Impl("threads_uvloops", ("uvloop",), "a uvloop loop per thread, one shared listening socket"),
     "gevent": Impl("gevent", ("gevent",), "gevent StreamServer, one greenlet per connection"),
     "tornado": Impl("tornado", ("tornado",), "Tornado 6 TCPServer and IOStream"),
     "twisted": Impl("twisted", ("twisted",), "Twisted Protocol on the default reactor"),
