@@ -11,42 +11,9 @@ import pathlib
 
 import pytest
 
+from proctools import alive, children, cmdline, wait_for
+
 BENCH_DIR = pathlib.Path(__file__).parent / "bench"
-
-
-def _children_of(pid):
-    """Pids of the live processes whose parent is ``pid``, with their command lines."""
-    out = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            with open(f"/proc/{name}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if fields[1] == str(pid) and fields[0] != "Z":
-            out[int(name)] = cmd
-    return out
-
-
-def _alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def _wait_for(cond, timeout, step=0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(step)
-    return cond()
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL],
@@ -61,8 +28,8 @@ def test_a_run_stopped_mid_round_leaves_no_server_behind(pytester, signum):
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     servers = {}
     try:
-        assert _wait_for(lambda: servers.update({p: c for p, c in _children_of(proc.pid).items()
-                                                 if "pyconcbench.serve" in c}) or servers, 60), \
+        assert wait_for(lambda: servers.update({p: cmdline(p) for p in children(proc.pid)
+                                                if "pyconcbench.serve" in cmdline(p)}) or servers, 60), \
             "the server never started"
         time.sleep(3)  # connected, warmed up, inside the measured round
         assert proc.poll() is None, proc.stdout.read().decode(errors="replace")
@@ -71,7 +38,7 @@ def test_a_run_stopped_mid_round_leaves_no_server_behind(pytester, signum):
         out, _ = proc.communicate(timeout=30)
         took = time.monotonic() - started
         text = out.decode(errors="replace")
-        assert _wait_for(lambda: not any(_alive(p) for p in servers), 15), \
+        assert wait_for(lambda: not any(alive(p) for p in servers), 15), \
             f"server processes left running after {signal.Signals(signum).name}: {servers}"
         assert took < 20, f"pytest took {took:.1f} s to stop after {signal.Signals(signum).name}"
         if signum == signal.SIGINT:
@@ -83,5 +50,5 @@ def test_a_run_stopped_mid_round_leaves_no_server_behind(pytester, signum):
             proc.kill()
             proc.communicate()
         for pid in servers:  # a failed check must not leave its orphans to the next test
-            if _alive(pid):
+            if alive(pid):
                 os.kill(pid, signal.SIGKILL)

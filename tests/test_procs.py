@@ -8,16 +8,9 @@ import time
 import pytest
 
 from pyconcbench import procs
+from proctools import alive, wait_for
 
 PY = sys.executable
-
-
-def _alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def test_ready_line_and_clean_stop_with_its_last_words():
@@ -53,7 +46,7 @@ def test_silence_is_a_timeout_and_close_kills_and_reaps():
     assert 0.25 < time.monotonic() - started < 5
     pid = child.pid
     child.close()
-    assert child.returncode == -signal.SIGKILL and not _alive(pid)
+    assert child.returncode == -signal.SIGKILL and not alive(pid)
 
 
 def test_sigterm_ignored_means_sigkill_to_the_whole_group():
@@ -71,9 +64,9 @@ def test_sigterm_ignored_means_sigkill_to_the_whole_group():
     assert child.killed and code == -signal.SIGKILL
     assert time.monotonic() - started < 10
     deadline = time.monotonic() + 5
-    while _alive(grandchild) and time.monotonic() < deadline:
+    while alive(grandchild) and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert not _alive(grandchild)  # the group got the SIGKILL, not only the child
+    assert not alive(grandchild)  # the group got the SIGKILL, not only the child
 
 
 MIDDLE = """
@@ -89,13 +82,13 @@ def test_a_child_dies_with_its_parent():
     middle = subprocess.Popen([PY, "-c", MIDDLE], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
     try:
         grandchild = int(middle.stdout.readline())
-        assert _alive(grandchild)
+        assert alive(grandchild)
         middle.kill()  # no clean-up of its own: only the parent-death signal can stop the child
         middle.wait(10)
         deadline = time.monotonic() + 5
-        while _alive(grandchild) and time.monotonic() < deadline:
+        while alive(grandchild) and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert not _alive(grandchild)
+        assert not alive(grandchild)
     finally:
         middle.stdout.close()
         if middle.poll() is None:
@@ -155,23 +148,16 @@ sys.stdin.read()  # until the test kills this process
 """ % GUARDED
 
 
-def _wait_gone(pid, timeout):
-    deadline = time.monotonic() + timeout
-    while _alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return not _alive(pid)
-
-
 def test_a_child_deaf_to_sigterm_is_killed_by_its_guard_when_the_parent_is_killed():
     middle = subprocess.Popen([PY, "-c", GUARD_MIDDLE], stdout=subprocess.PIPE, stdin=subprocess.PIPE)
     pids = []
     try:
         pids = [int(p) for p in middle.stdout.readline().split()]
-        assert len(pids) == 2 and all(_alive(p) for p in pids)
+        assert len(pids) == 2 and all(alive(p) for p in pids)
         middle.kill()  # SIGKILL: no clean-up of its own; the child gets SIGTERM and ignores it
         middle.wait(10)
         for pid in pids:  # the guard's grace is 0.5 s; a generous bound for a busy machine
-            assert _wait_gone(pid, 60), f"pid {pid} outlived its parent"
+            assert wait_for(lambda: not alive(pid), 60), f"pid {pid} outlived its parent"
     finally:
         middle.stdout.close()
         middle.stdin.close()
@@ -190,7 +176,7 @@ def test_the_guard_dies_with_its_child():
     try:
         guard = int(child.read_line(30))
         assert child.wait(30) == 0
-        assert _wait_gone(guard, 30)
+        assert wait_for(lambda: not alive(guard), 30)
     finally:
         child.close()
 

@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from proctools import alive, group
 from skipping import zmq_unavailable
 from pyconcbench import zmq as pcbzmq
 from pyconcbench.zmq import Fault, RoundError, RoundResult, Session, Unavailable, run_round
@@ -219,38 +220,14 @@ def test_server_process_dies_with_its_parent():
         parent.wait()
         parent.stdout.close()
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and _alive(server):
+    while time.monotonic() < deadline and alive(server):
         time.sleep(0.05)
-    assert not _alive(server), "the server process outlived its parent"
+    assert not alive(server), "the server process outlived its parent"
     # nothing of its process group either (its guard, see procs.start_guard, goes with it)
     deadline = time.monotonic() + 15
-    while time.monotonic() < deadline and _group(server):
+    while time.monotonic() < deadline and group(server):
         time.sleep(0.05)
-    assert not _group(server), f"processes of the server's group outlived it: {_group(server)}"
-
-
-def _group(pgid):
-    """Live pids in process group ``pgid``."""
-    out = []
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open("/proc/%s/stat" % name) as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if fields[0] != "Z" and int(fields[2]) == pgid:
-                out.append(int(name))
-    return out
-
-
-def _alive(pid):
-    try:
-        with open("/proc/%d/stat" % pid) as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
+    assert not group(server), f"processes of the server's group outlived it: {group(server)}"
 
 
 def test_server_cli_help():
