@@ -82,7 +82,16 @@ static int check_signals(void *arg)
 /* Sets the one error of an integer outside lo..hi (obj is an int). */
 static int int_out_of_range(const char *name, PyObject *obj, const char *lo, const char *hi)
 {
-    PyErr_Format(PyExc_ValueError, "%s: must be an int in %s .. %s, got %R", name, lo, hi, obj);
+    /* an int too long to print (Python's 4,300-digit limit) is named by its size instead */
+    PyObject *nbits = PyObject_CallMethod(obj, "bit_length", NULL);
+    long long bits = nbits ? PyLong_AsLongLong(nbits) : -1;
+    Py_XDECREF(nbits);
+    PyErr_Clear();
+    if (bits > 256) /* beyond 77 digits: the size says enough */
+        PyErr_Format(PyExc_ValueError, "%s: must be an int in %s .. %s, got one of %lld bits", name, lo, hi,
+                     bits);
+    else
+        PyErr_Format(PyExc_ValueError, "%s: must be an int in %s .. %s, got %R", name, lo, hi, obj);
     return -1;
 }
 
@@ -226,9 +235,15 @@ static void Hist_dealloc(HistObject *self)
 /* Reads an ascending list of percentiles in [0, 100]; returns its length or -1. */
 static Py_ssize_t read_percentiles(PyObject *pcts, double **out)
 {
-    PyObject *seq = PySequence_Fast(pcts, "percentiles must be a sequence of numbers");
-    if (!seq)
+    /* a private tuple: a list may change under us (an item's __float__, another thread) */
+    PyObject *seq = PyObject_TypeCheck(pcts, &PyUnicode_Type) || PyObject_TypeCheck(pcts, &PyBytes_Type)
+                        ? NULL
+                        : PySequence_Tuple(pcts);
+    if (!seq) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_TypeError, "percentiles must be a sequence of numbers");
         return -1;
+    }
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     double *p = PyMem_Malloc(sizeof(double) * (size_t)(n ? n : 1));
     if (!p) {
@@ -868,6 +883,14 @@ CLAIMED_METHOD(PyObject *, Load_open, (LoadObject *self, PyObject *Py_UNUSED(ign
 CLAIMED_METHOD(PyObject *, Load_phase, (LoadObject *self, PyObject *args, PyObject *kwds), (self, args, kwds), LOAD_PHASE, NULL)
 CLAIMED_METHOD(PyObject *, Load_close, (LoadObject *self, PyObject *Py_UNUSED(ignored)), (self, NULL), LOAD_CLOSE, NULL)
 
+static PyObject *Load_get_busy(LoadObject *self, void *Py_UNUSED(closure))
+{
+    int holder = __atomic_load_n(&self->busy, __ATOMIC_ACQUIRE);
+    if (holder == LOAD_IDLE)
+        Py_RETURN_NONE;
+    return PyUnicode_FromString(LOAD_CALLS[holder]);
+}
+
 static PyObject *Load_get_is_open(LoadObject *self, void *Py_UNUSED(closure))
 {
     return PyBool_FromLong(__atomic_load_n(&self->load, __ATOMIC_ACQUIRE) != NULL);
@@ -883,6 +906,9 @@ static PyMethodDef Load_methods[] = {
 
 static PyGetSetDef Load_getset[] = {
     {"is_open", (getter)Load_get_is_open, NULL, "True between open() and close().", NULL},
+    {"busy", (getter)Load_get_busy, NULL,
+     "The call that holds the load now ('open', 'phase', ...) or None: what another thread would be "
+     "refused for.", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

@@ -197,7 +197,8 @@ def test_close_from_another_thread_during_a_phase_is_refused():
         assert load.open()["status"] == "ok"
         outcome = []
         def closer():
-            time.sleep(0.3)
+            while load.busy != "phase":  # the main thread is inside its phase (no fixed sleep)
+                time.sleep(0.005)
             for call in (load.close, lambda: load.phase(1, 0.0, 1.0, 1.0), load.open):
                 try:
                     call()
@@ -222,6 +223,51 @@ def test_close_from_another_thread_during_a_phase_is_refused():
     assert lines[4:] == ["open after: True", "closed: True"]
 
 
+def test_busy_names_the_call_holding_the_load():
+    lines = child_lines(run_child("""
+        lst = silent_listener()
+        load = _native.Load("tcp", "127.0.0.1", lst.getsockname()[1], 2, 64)
+        print(load.busy)
+        assert load.open()["status"] == "ok"
+        seen = []
+        def watcher():
+            while not seen:
+                if load.busy is not None:
+                    seen.append(load.busy)
+                time.sleep(0.001)
+        t = threading.Thread(target=watcher)
+        t.start()
+        load.phase(1, 0.0, 1.0, 10.0)
+        t.join()
+        print(seen[0], load.busy)
+        load.close()
+    """))
+    assert lines == ["None", "phase None"]
+
+
+def test_a_huge_int_is_refused_naming_the_argument_not_the_digit_limit():
+    with pytest.raises(ValueError, match=r"^port: must be an int in 0 \.\. 65535, got one of 16610 bits$"):
+        _native.Load("tcp", "127.0.0.1", 10 ** 5000, 1, 64)
+
+
+def test_percentiles_from_a_list_that_changes_under_it_cannot_crash():
+    """An item's __float__ empties the list being read (or another thread does, without the
+    GIL): the histogram reads a private copy."""
+    proc = run_child("""
+        h = _native.Histogram()
+        h.record(1000)
+        lst = []
+        class Sneaky:
+            def __float__(self):
+                lst.clear()
+                return 50.0
+        lst.extend([Sneaky(), 60.0, 70.0, 80.0])
+        print(h.percentiles(lst))
+    """)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["[1000,", "1000,", "1000,", "1000]"]
+
+
 def test_closing_a_session_during_its_round_is_refused_and_it_stays_open():
     lines = child_lines(run_child("""
         from pyconcbench import loadgen
@@ -230,7 +276,8 @@ def test_closing_a_session_during_its_round_is_refused_and_it_stays_open():
                                 warmup_messages=0, stall_timeout=1.0)
         session = loadgen.LoadSession(spec).open()
         def closer():
-            time.sleep(0.3)
+            while session._load is None or session._load.busy != "phase":
+                time.sleep(0.005)
             try:
                 session.close()
                 print("closed")

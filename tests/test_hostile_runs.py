@@ -158,6 +158,17 @@ def test_the_gate_never_calls_a_nan_unchanged():
     assert gate.compare_one(base, new, "msgs_per_s", 0.10).status == "invalid"
     # a NaN baseline is not a pass either
     assert gate.compare_one(new, base, "msgs_per_s", 0.10).status == "invalid"
+    # ... but a metric switched off is not gated, NaN or not: it cannot fail the run
+    for off in (gate.compare_one(base, new, "msgs_per_s", None), gate.compare_one(new, base, "msgs_per_s", None)):
+        assert off.status == "not gated" and not off.failed, off
+
+
+def test_a_baseline_marker_that_is_no_expression_is_refused_by_both_gates():
+    base = rf.echo("selectors", 10, BASE)
+    base["extra_info"]["pcb_fail_on"] = "msgs_per_s"  # no threshold
+    with pytest.raises(gate.GateSpecError, match="pcb_fail_on marker saved in the run"):
+        gate.trusted_marker([base])
+    assert gate.trusted_marker([rf.echo("selectors", 10, BASE)]) == []
 
 
 # ---- the new run's own marker never loosens its gate -----------------------------------------------
@@ -269,6 +280,9 @@ def test_md_text_and_md_code():
     assert metrics.md_text("x\\|y") == "x\\\\\\|y"  # the backslash cannot escape our '|'
     assert metrics.md_code("test_echo[a|b]") == "`test_echo[a\\|b]`"
     assert metrics.md_code("a`b") == "a`b" and metrics.md_code("<i>") == "&lt;i>"
+    # no link and no (tracking) image from a saved name
+    assert metrics.md_text("![x](https://e/p.png) [go](u) [r][1]") == "![x\\](https://e/p.png) [go\\](u) [r\\][1]"
+    assert metrics.md_text("[90–110]") == "[90–110]"
 
 
 # ---- a closed stdout ------------------------------------------------------------------------------

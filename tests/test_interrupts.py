@@ -11,7 +11,7 @@ import pathlib
 
 import pytest
 
-from proctools import alive, children, cmdline, wait_for
+from proctools import alive, children, cmdline, group, wait_for
 
 BENCH_DIR = pathlib.Path(__file__).parent / "bench"
 
@@ -40,6 +40,9 @@ def test_a_run_stopped_mid_round_leaves_no_server_behind(pytester, signum):
         text = out.decode(errors="replace")
         assert wait_for(lambda: not any(alive(p) for p in servers), 15), \
             f"server processes left running after {signal.Signals(signum).name}: {servers}"
+        # nor anything of their process groups (each server's guard, anything it started)
+        assert wait_for(lambda: not any(group(p) for p in servers), 15), \
+            f"processes of the servers' groups left running: {[group(p) for p in servers]}"
         assert took < 20, f"pytest took {took:.1f} s to stop after {signal.Signals(signum).name}"
         if signum == signal.SIGINT:
             assert proc.returncode == 2 and "KeyboardInterrupt" in text, text[-2000:]
@@ -50,5 +53,5 @@ def test_a_run_stopped_mid_round_leaves_no_server_behind(pytester, signum):
             proc.kill()
             proc.communicate()
         for pid in servers:  # a failed check must not leave its orphans to the next test
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
+            for left in group(pid):
+                os.kill(left, signal.SIGKILL)

@@ -233,6 +233,7 @@ def test_a_run_removes_the_temporary_directories_a_killed_run_left_behind(pytest
     import os
     import subprocess
     import sys
+    import time
 
     tmp = tmp_path / "tmp"
     tmp.mkdir()
@@ -244,6 +245,9 @@ def test_a_run_removes_the_temporary_directories_a_killed_run_left_behind(pytest
         (path / "left.sock").write_text("")
     alive = tmp / f"pcb-sock-{os.getpid()}-mine"
     alive.mkdir()
+    old = time.time() - 3600  # left behind an hour ago
+    for path in stale + [alive]:
+        os.utime(path, (old, old))
     monkeypatch.setenv("TMPDIR", str(tmp))
     pytester.makepyfile(test_nothing="def test_nothing():\n    pass\n")
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")

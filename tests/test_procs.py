@@ -181,6 +181,15 @@ def test_the_guard_dies_with_its_child():
         child.close()
 
 
+def test_no_guard_for_a_process_that_does_not_lead_its_group():
+    """Started with PCB_PARENT_PID but in its parent's process group (not by Child): a guard
+    would SIGKILL the parent's whole group (a shell pipeline, tox), so there is none."""
+    env = dict(os.environ, **{procs.PARENT_ENV: str(os.getpid())})
+    code = "from pyconcbench import procs; print(procs.start_guard())"
+    out = subprocess.run([PY, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "None", out.stderr
+
+
 def test_no_guard_without_a_parent_of_ours():
     env = {k: v for k, v in os.environ.items() if k != procs.PARENT_ENV}
     code = "from pyconcbench import procs; print(procs.start_guard())"
@@ -211,7 +220,14 @@ def test_sweep_removes_only_the_directories_of_makers_that_are_gone(tmp_path):
     old_style.mkdir()
     a_file = tmp_path / f"pcb-sys-{dead}-file"
     a_file.write_text("")
-    assert procs.sweep_stale_tmpdirs(str(tmp_path)) == [str(stale)]
-    assert not stale.exists()
-    assert mine.exists() and old_style.exists() and a_file.exists()
+    young = tmp_path / f"pcb-sock-{dead}-young"  # its server may be in its guard's grace still
+    young.mkdir()
+    made_up = tmp_path / ("pcb-sock-" + "9" * 30 + "-abc")  # no such pid can exist: no OverflowError
+    made_up.mkdir()
+    old = time.time() - procs.STALE_AGE - 60
+    for path in (stale, mine, old_style, a_file, made_up):
+        os.utime(path, (old, old))
+    assert sorted(procs.sweep_stale_tmpdirs(str(tmp_path))) == sorted([str(stale), str(made_up)])
+    assert not stale.exists() and not made_up.exists()
+    assert mine.exists() and old_style.exists() and a_file.exists() and young.exists()
     assert procs.sweep_stale_tmpdirs(str(tmp_path / "nonexistent")) == []

@@ -234,6 +234,31 @@ def test_a_live_unix_socket_is_refused_in_one_line_and_keeps_serving(tmp_path):
         live.close()
 
 
+def test_a_live_unix_socket_with_a_full_queue_is_refused_as_live(tmp_path):
+    path = str(tmp_path / "full.sock")
+    live = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    held = []
+    try:
+        live.bind(path)
+        live.listen(0)
+        for _ in range(4):  # fill its accept queue: the next connect gets EAGAIN
+            c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            c.setblocking(False)
+            held.append(c)
+            try:
+                c.connect(path)
+            except BlockingIOError:
+                break
+        result = run_serve("selectors", "--unix", path, timeout=60)
+        assert result.returncode == 2
+        assert result.stderr == ("pyconcbench.serve: cannot bind %s: a server is listening there (its queue is "
+                                 "full)\n" % path)
+    finally:
+        for c in held:
+            c.close()
+        live.close()
+
+
 LOW_FD_LIMIT = """
 import os, resource, sys
 soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)

@@ -6,6 +6,7 @@ most easily): no connection error of any kind, every connection served in every 
 starved to zero), and the server's resident memory flat once warmed up — a per-message leak of
 even 100 bytes at the rates here grows it by tens of MiB over the minute.  The figures are
 printed (run with ``-s``) and kept as test properties."""
+import resource
 import time
 
 import pytest
@@ -30,7 +31,15 @@ def test_soak_at_the_fd_limit(impl, record_property):
     connections = loadgen.max_connections()
     if connections < 10_000:
         pytest.skip(f"the hard fd limit allows only {connections} connections here; the soak needs 10,000+")
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     loadgen.ensure_fd_limit(connections)  # the server inherits the raised soft limit
+    try:
+        _soak(impl, connections, record_property)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))  # the tests after this one get theirs back
+
+
+def _soak(impl, connections, record_property):
     server = harness.ServerProcess(impl, cpu=0, stop_timeout=30.0)
     start_or_skip(server)
     with server:  # stopped however the body ends

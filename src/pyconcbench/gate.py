@@ -9,12 +9,13 @@ A fail-on expression is a comma-separated list of ``[SCOPE@]METRIC:THRESHOLD``:
 
 Each metric knows whether higher or lower is better; a threshold's sign, when given, must
 point the worse way (``msgs_per_s:+10%`` is refused, as it would gate improvements).  For one
-benchmark the last matching scoped item wins over the unscoped ones, and a
-``@pytest.mark.pcb_fail_on("...")`` marker on the test wins over both.
+benchmark the last matching scoped item wins over the unscoped ones, and a test's
+``@pytest.mark.pcb_fail_on("...")`` marker is weighed as below.
 
-Offline (``compare_runs``), the marker is read from the saved runs, and the run under test
-cannot loosen its own gate: the marker saved in the **baseline** (the newest baseline run that
-has the test) wins as above, while the marker saved in the **new** run may only tighten -- a
+The run under test cannot loosen its own gate, offline (``compare_runs``, markers read from the
+saved runs) or in pytest (the test's own marker is part of the change under test): the marker
+saved in the **baseline** (``trusted_marker``: the newest baseline run that has the test) wins
+over both kinds of rule, while the marker of the **new** run may only tighten -- a
 threshold of its that is smaller than the one in force, or a metric that is not gated otherwise,
 is applied; its ``off`` and its wider thresholds are ignored (the change's note says so).
 
@@ -272,8 +273,10 @@ def compare_one(base: Bases, new: Dict[str, Any], metric_name: str,
     try:
         new_value, new_samples = samples(new, metric)
     except BadValue as exc:
-        # NaN or a string where the run's figure should be: never "unchanged"
-        ch.status, ch.note = "invalid", f"the new run's {metric_name}: {exc}"
+        # NaN or a string where the run's figure should be: never "unchanged" (nor a failure
+        # where the metric is not gated)
+        ch.status = "not gated" if threshold is None else "invalid"
+        ch.note = f"the new run's {metric_name}: {exc}"
         return ch
     ch.n_new = len(new_samples)
     if new_value is None:
@@ -285,7 +288,8 @@ def compare_one(base: Bases, new: Dict[str, Any], metric_name: str,
         try:
             value, data = samples(b, metric)
         except BadValue as exc:
-            ch.status, ch.note = "invalid", f"the baseline's {metric_name}: {exc}"
+            ch.status = "not gated" if threshold is None else "invalid"
+            ch.note = f"the baseline's {metric_name}: {exc}"
             return ch
         if value is not None:
             bases.append((value, data))
@@ -514,6 +518,13 @@ def check_bench(base: Bases, new: Dict[str, Any], rules: Sequence[Rule],
     return _note_ignored(out, ignored)
 
 
+def trusted_marker(bases: Optional[Sequence[Dict[str, Any]]]) -> List[Rule]:
+    """The ``pcb_fail_on`` rules saved with the baseline (the newest run of ``bases`` that has
+    one): the reviewed code's marker, which holds as the command line does.  GateSpecError
+    naming the test when the saved expression is not one."""
+    return next((r for r in (marker_rules_of(b) for b in reversed(list(bases or []))) if r), [])
+
+
 def is_ab(bench: Dict[str, Any]) -> bool:
     """An interleaved A/B case: gated on its own interval, not against a baseline."""
     info = bench.get("extra_info")
@@ -539,9 +550,9 @@ def compare_runs(base: Sequence[Any], new: Sequence[Dict[str, Any]], rules: Sequ
         key = _key(bench)
         seen.add(key)
         bases = by_name.get(key) or []
-        # the marker of the reviewed code (the newest baseline run that saved one) wins as on
-        # the command line; the new run's own marker may only tighten it
-        trusted = next((r for r in (marker_rules_of(b) for b in reversed(bases)) if r), [])
+        # the marker of the reviewed code wins as on the command line; the new run's own
+        # marker may only tighten it
+        trusted = trusted_marker(bases)
         result.changes.extend(check_bench(bases or None, bench, rules, trusted, alpha,
                                           own_rules=marker_rules_of(bench)))
     result.missing = sorted(k for k in by_name if k not in seen)

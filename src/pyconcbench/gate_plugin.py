@@ -21,6 +21,13 @@ import pytest
 from . import gate, machine
 
 
+def skip_reason(report: pytest.TestReport) -> str:
+    """The reason a skipped test gave, without pytest's 'Skipped: ' prefix."""
+    longrepr = report.longrepr
+    reason = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+    return reason.removeprefix("Skipped: ")
+
+
 def marker_fail_on(item: pytest.Item) -> Optional[str]:
     """The expression of the test's closest ``pcb_fail_on`` marker, or None."""
     marker = item.get_closest_marker("pcb_fail_on")
@@ -145,9 +152,7 @@ class GatePlugin:
         if report.nodeid in self.outcomes:
             return
         if report.skipped:
-            longrepr = report.longrepr
-            reason = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
-            self.outcomes[report.nodeid] = "skipped: " + reason.removeprefix("Skipped: ")
+            self.outcomes[report.nodeid] = "skipped: " + skip_reason(report)
         elif report.failed:
             self.outcomes[report.nodeid] = "failed" if report.when == "call" else f"error in {report.when}"
 
@@ -174,9 +179,11 @@ class GatePlugin:
             # the test's marker is part of the change under test: as in `pyconcbench compare`, the
             # marker saved with the baseline (the reviewed code) holds, this one may only tighten it
             try:
-                trusted = next((r for r in (gate.marker_rules_of(b) for b in reversed(bases or [])) if r), [])
-            except gate.GateSpecError:
-                trusted = []
+                trusted = gate.trusted_marker(bases)
+            except gate.GateSpecError as exc:  # refused, as `pyconcbench compare` refuses the run
+                report.outcome = "failed"
+                report.longrepr = f"pyconcbench gate: the baseline: {exc}"
+                return report
             own = marker_rules
         changes = gate.check_bench(bases, new, self.rules, trusted, self.settings.fail_alpha, own_rules=own)
         self.result.changes.extend(changes)

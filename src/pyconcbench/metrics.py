@@ -371,15 +371,20 @@ _MD = str.maketrans({"\\": "\\\\", "|": "\\|", "\n": " ", "\r": " ", "\t": " ", 
 #: What could begin HTML in Markdown: '<' before a tag name, '/', '!' or '?' (a tag, comment,
 #: declaration or autolink) and '&' before a name or '#' (an entity).  '<=', '< 5', '->' stay.
 _MD_HTML = re.compile(r"<(?=[A-Za-z/!?])|&(?=[A-Za-z0-9#])")
+#: What closes a link or image's text: ']' before '(' or '[' ('[90-110]' stays as it is).
+_MD_LINK = re.compile(r"\](?=[(\[])")
 
 
 def md_text(text: Any) -> str:
     """``text`` for a Markdown line or table cell of ours: every '<' that could open a tag and
-    every '&' that could start an entity as entities (no markup of a saved run reaches
-    $GITHUB_STEP_SUMMARY), ``|`` escaped (no extra cell), line breaks as spaces (no extra line:
-    no heading, list or table row of its own), a backslash doubled (it cannot escape our '|')."""
+    every '&' that could start an entity as entities (no HTML of a saved run reaches
+    $GITHUB_STEP_SUMMARY), a ``]`` before ``(`` or ``[`` escaped (no link or image), ``|`` escaped (no extra
+    cell), line breaks as spaces (no extra line: no heading, list or table row of its own), a
+    backslash doubled (it cannot escape our '|').  Emphasis (``*``, ``_``) is left alone: it
+    cannot reach outside the cell, and escaping it would mangle every test name."""
     text = str(text).translate(_MD)
     text = "".join(ch if ch.isprintable() or ch == " " else " " for ch in text)
+    text = _MD_LINK.sub(r"\\]", text)
     return _MD_HTML.sub(lambda m: "&lt;" if m.group() == "<" else "&amp;", text)
 
 

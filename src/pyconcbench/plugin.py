@@ -164,9 +164,7 @@ class RequirePlugin:
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.skipped and report.nodeid not in self.skipped:
-            longrepr = report.longrepr
-            reason = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
-            self.skipped[report.nodeid] = reason.removeprefix("Skipped: ")
+            self.skipped[report.nodeid] = gate_plugin.skip_reason(report)
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if session.config.option.collectonly:

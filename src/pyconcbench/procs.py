@@ -149,9 +149,12 @@ def start_guard(grace: float = ORPHAN_GRACE, remove: Sequence[str] = ()) -> Opti
     ``grace`` seconds -- then it removes ``remove`` (directories) and sends SIGKILL to the whole
     group, so a child that ignores or hangs on the parent-death SIGTERM, with its threads and
     the processes it started in its group, is still gone.  Returns the guard's pid, or None
-    when there is no parent of ours to watch (started by hand)."""
+    when there is no parent of ours to watch (started by hand), or when this process does not
+    lead its own process group (then the group is someone else's)."""
     parent = os.environ.get(PARENT_ENV, "")
     if not parent.isdigit() or os.getppid() != int(parent):
+        return None
+    if os.getpgrp() != os.getpid():  # not our own group (not started by Child): never kill another's
         return None
     parent_pid = int(parent)
     pidfd = _parent_pidfd(parent_pid)
@@ -180,10 +183,17 @@ def make_tmpdir(kind: str) -> str:
     return tempfile.mkdtemp(prefix=f"pcb-{kind}-{os.getpid()}-")
 
 
+#: A directory of a dead maker younger than this is left alone: its server may still be in the
+#: guard's grace, or its maker may run in another PID namespace sharing /tmp (a container).
+STALE_AGE = 600.0
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
+        return False
+    except (OverflowError, ValueError):  # no such pid can exist: a name made up by someone
         return False
     except OSError:  # alive, another user's
         return True
@@ -192,7 +202,8 @@ def _pid_alive(pid: int) -> bool:
 
 def sweep_stale_tmpdirs(where: Optional[str] = None) -> List[str]:
     """Removes this user's ``make_tmpdir`` directories whose maker no longer runs (a run killed
-    before its clean-up: SIGKILL, OOM); returns what it removed.  Never raises."""
+    before its clean-up: SIGKILL, OOM) and that were last touched ``STALE_AGE`` seconds ago or
+    more; returns what it removed.  Never raises."""
     where = where or tempfile.gettempdir()
     removed = []
     try:
@@ -209,7 +220,7 @@ def sweep_stale_tmpdirs(where: Optional[str] = None) -> List[str]:
             st = os.lstat(path)
         except OSError:
             continue
-        if stat.S_ISDIR(st.st_mode) and st.st_uid == uid:
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == uid and time.time() - st.st_mtime >= STALE_AGE:
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
     return removed

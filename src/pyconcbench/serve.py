@@ -167,7 +167,7 @@ def _remove_stale_socket(path: str) -> None:
         probe.connect(path)
     except ConnectionRefusedError:  # nobody listening: stale
         pass
-    except socket.timeout:  # a listener whose queue is full: alive
+    except (socket.timeout, BlockingIOError):  # a listener whose queue is full (EAGAIN): alive
         raise Unusable("cannot bind %s: a server is listening there (its queue is full)" % path) from None
     except OSError as exc:
         raise Unusable("cannot bind %s: cannot tell whether a server is listening there: %s" % (path, exc)) from None

@@ -48,10 +48,16 @@ def serve_loops(sock: socket.socket, stop_fd: int, stats: Stats,
         except BaseException as exc:  # the thread's own error, re-raised by serve_loops
             failures.append(exc)
 
-    threads = []
-    for i in range(n):
-        listener = sock.dup()
-        threads.append(threading.Thread(target=one_loop, args=(i, listener), name=f"loop-{i}", daemon=True))
+    listeners: List[socket.socket] = []
+    try:
+        for _ in range(n):
+            listeners.append(sock.dup())
+    except OSError:  # EMFILE: none of them may leak
+        for listener in listeners:
+            listener.close()
+        raise
+    threads = [threading.Thread(target=one_loop, args=(i, listener), name=f"loop-{i}", daemon=True)
+               for i, listener in enumerate(listeners)]
     for t in threads:
         t.start()
     for t in threads:
