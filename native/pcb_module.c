@@ -25,6 +25,9 @@
 #include <sys/un.h>
 
 #include "pcb_echo.h"
+#include "pcb_hist.h"
+#include "pcb_load.h"
+#include "pcb_probe.h"
 
 /* Free-threaded CPython (3.13t+): the module declares Py_MOD_GIL_NOT_USED, so every object that
  * can be shared between threads guards its own state.  A Histogram holds its per-object lock
@@ -47,9 +50,6 @@
         Py_END_CRITICAL_SECTION();             \
         return r;                              \
     }
-#include "pcb_hist.h"
-#include "pcb_load.h"
-#include "pcb_probe.h"
 
 typedef struct {
     PyTypeObject *load_type;
@@ -95,20 +95,25 @@ static int int_out_of_range(const char *name, PyObject *obj, const char *lo, con
     return -1;
 }
 
+/* obj as a Python int (anything with __index__), or NULL with TypeError naming the argument. */
+static PyObject *index_arg(PyObject *obj, const char *name)
+{
+    PyObject *idx = PyNumber_Index(obj);
+    if (!idx && PyErr_ExceptionMatches(PyExc_TypeError)) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "%s: must be an int, got %.100s", name, Py_TYPE(obj)->tp_name);
+    }
+    return idx;
+}
+
 /* Reads an integer argument (anything with __index__) within lo..hi into *out.  Returns 0, or
  * -1 with ValueError (outside the range: names it and quotes the value) or TypeError (not an
  * integer). */
 static int int_arg(PyObject *obj, const char *name, long long lo, long long hi, long long *out)
 {
-    PyObject *idx = PyNumber_Index(obj);
-    if (!idx) {
-        if (PyErr_ExceptionMatches(PyExc_TypeError)) {
-            PyErr_Clear();
-            PyErr_Format(PyExc_TypeError, "%s: must be an int, got %.100s", name,
-                         Py_TYPE(obj)->tp_name);
-        }
+    PyObject *idx = index_arg(obj, name);
+    if (!idx)
         return -1;
-    }
     int overflow = 0;
     long long v = PyLong_AsLongLongAndOverflow(idx, &overflow);
     if (v == -1 && PyErr_Occurred()) {
@@ -132,15 +137,9 @@ static int int_arg(PyObject *obj, const char *name, long long lo, long long hi, 
 static int uint_arg(PyObject *obj, const char *name, unsigned long long lo, unsigned long long hi,
                     unsigned long long *out)
 {
-    PyObject *idx = PyNumber_Index(obj);
-    if (!idx) {
-        if (PyErr_ExceptionMatches(PyExc_TypeError)) {
-            PyErr_Clear();
-            PyErr_Format(PyExc_TypeError, "%s: must be an int, got %.100s", name,
-                         Py_TYPE(obj)->tp_name);
-        }
+    PyObject *idx = index_arg(obj, name);
+    if (!idx)
         return -1;
-    }
     unsigned long long v = PyLong_AsUnsignedLongLong(idx); /* OverflowError when < 0 or too big */
     int bad = v == (unsigned long long)-1 && PyErr_Occurred();
     if (bad && !PyErr_ExceptionMatches(PyExc_OverflowError)) {
@@ -324,7 +323,6 @@ static PyObject *Hist_record_locked(HistObject *self, PyObject *args, PyObject *
     return PyBool_FromLong(pcb_hist_record_n(self->h, v, count));
 }
 
-
 PyDoc_STRVAR(Hist_record_many_doc,
 "record_many(values) -> int\n\n"
 "Records every latency of an iterable of ints (ns); returns how many were in range.");
@@ -355,17 +353,13 @@ static PyObject *Hist_record_many_locked(HistObject *self, PyObject *values)
     return PyLong_FromUnsignedLongLong(recorded);
 }
 
-
 PyDoc_STRVAR(Hist_merge_doc,
 "merge(other) -> None\n\nAdds every count of another Histogram into this one (OverflowError, and\n"
 "nothing added, when a count would pass 2**64-1).");
 
-static PyObject *Hist_merge_locked(HistObject *self, PyObject *other)
+static PyObject *Hist_merge_locked(HistObject *self, HistObject *other)
 {
-    if (!PyObject_TypeCheck(other, Py_TYPE(self)))
-        return PyErr_Format(PyExc_TypeError, "merge: needs a Histogram, got %.100s",
-                            Py_TYPE(other)->tp_name);
-    const pcb_hist *o = ((HistObject *)other)->h;
+    const pcb_hist *o = other->h;
     if (refuse_wrap(self->h->total, o->total, "merge") < 0 ||
         refuse_wrap(self->h->out_of_range, o->out_of_range, "merge") < 0)
         return NULL;
@@ -377,9 +371,10 @@ static PyObject *Hist_merge(HistObject *self, PyObject *other)
 {
     PyObject *r;
     if (!PyObject_TypeCheck(other, Py_TYPE(self)))
-        return Hist_merge_locked(self, other); /* the TypeError */
+        return PyErr_Format(PyExc_TypeError, "merge: needs a Histogram, got %.100s",
+                            Py_TYPE(other)->tp_name);
     Py_BEGIN_CRITICAL_SECTION2(self, other);
-    r = Hist_merge_locked(self, other);
+    r = Hist_merge_locked(self, (HistObject *)other);
     Py_END_CRITICAL_SECTION2();
     return r;
 }
@@ -416,7 +411,6 @@ static PyObject *Hist_percentiles_locked(HistObject *self, PyObject *pcts)
     return list;
 }
 
-
 PyDoc_STRVAR(Hist_buckets_doc,
 "buckets() -> list of (highest ns, count)\n\nThe non-empty buckets, ascending.");
 
@@ -440,7 +434,6 @@ static PyObject *Hist_buckets_locked(HistObject *self, PyObject *Py_UNUSED(ignor
     }
     return buckets;
 }
-
 
 #define PERCENTILE_COUNT 6
 static const double PERCENTILES[PERCENTILE_COUNT] = {50.0, 90.0, 95.0, 99.0, 99.9, 100.0};
@@ -473,7 +466,6 @@ static PyObject *Hist_summary_locked(HistObject *self, PyObject *Py_UNUSED(ignor
     return d;
 }
 
-
 PyDoc_STRVAR(Hist_copy_doc, "copy() -> Histogram\n\nAn independent copy.");
 
 static PyObject *Hist_copy_locked(HistObject *self, PyObject *Py_UNUSED(ignored))
@@ -484,37 +476,30 @@ static PyObject *Hist_copy_locked(HistObject *self, PyObject *Py_UNUSED(ignored)
     return (PyObject *)c;
 }
 
-
-
 static PyObject *Hist_get_count_locked(HistObject *self, void *Py_UNUSED(closure))
 {
     return PyLong_FromUnsignedLongLong(self->h->total);
 }
-
 
 static PyObject *Hist_get_out_of_range_locked(HistObject *self, void *Py_UNUSED(closure))
 {
     return PyLong_FromUnsignedLongLong(self->h->out_of_range);
 }
 
-
 static PyObject *Hist_get_min_locked(HistObject *self, void *Py_UNUSED(closure))
 {
     return PyLong_FromLongLong(self->h->total ? self->h->min : 0);
 }
-
 
 static PyObject *Hist_get_max_locked(HistObject *self, void *Py_UNUSED(closure))
 {
     return PyLong_FromLongLong(self->h->total ? self->h->max : 0);
 }
 
-
 static PyObject *Hist_get_mean_locked(HistObject *self, void *Py_UNUSED(closure))
 {
     return PyFloat_FromDouble(self->h->total ? self->h->sum / (double)self->h->total : 0.0);
 }
-
 
 static PyObject *Hist_repr_locked(HistObject *self)
 {
@@ -524,7 +509,6 @@ static PyObject *Hist_repr_locked(HistObject *self)
                                 (long long)(h->total ? h->max : 0),
                                 (unsigned long long)h->out_of_range);
 }
-
 
 LOCKED_METHOD(Hist_record, (HistObject *self, PyObject *args, PyObject *kwds), (self, args, kwds))
 LOCKED_METHOD(Hist_record_many, (HistObject *self, PyObject *values), (self, values))
