@@ -105,9 +105,9 @@ def _call(fn: Callable[[], Any], skip: Tuple[type, ...], fail: Tuple[type, ...],
     except fail as exc:
         failed = f"{prefix}{type(exc).__name__}: {exc}" if typed else f"{prefix}{exc}"
     if skipped is not None:
-        if settings is not None:
-            skip_missing(skipped, settings)
-        pytest.skip(skipped)
+        if settings is None:
+            pytest.skip(skipped)
+        skip_missing(skipped, settings)
     _fail(failed)
 
 

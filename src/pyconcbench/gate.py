@@ -260,6 +260,14 @@ def _as_list(base: Bases) -> List[Dict[str, Any]]:
     return [b for b in base if b is not None]
 
 
+def _unreadable(ch: Change, whose: str, exc: Exception) -> Change:
+    """NaN or a string where a run's figure should be: never "unchanged" (nor a failure where
+    the metric is not gated)."""
+    ch.status = "not gated" if ch.threshold is None else "invalid"
+    ch.note = f"{whose} {ch.metric}: {exc}"
+    return ch
+
+
 def compare_one(base: Bases, new: Dict[str, Any], metric_name: str,
                 threshold: Optional[float], alpha: float = DEFAULT_ALPHA) -> Change:
     """One metric of one benchmark: ``base`` is the same test in one baseline run, or in
@@ -273,11 +281,7 @@ def compare_one(base: Bases, new: Dict[str, Any], metric_name: str,
     try:
         new_value, new_samples = samples(new, metric)
     except BadValue as exc:
-        # NaN or a string where the run's figure should be: never "unchanged" (nor a failure
-        # where the metric is not gated)
-        ch.status = "not gated" if threshold is None else "invalid"
-        ch.note = f"the new run's {metric_name}: {exc}"
-        return ch
+        return _unreadable(ch, "the new run's", exc)
     ch.n_new = len(new_samples)
     if new_value is None:
         ch.status = "no data"
@@ -288,9 +292,7 @@ def compare_one(base: Bases, new: Dict[str, Any], metric_name: str,
         try:
             value, data = samples(b, metric)
         except BadValue as exc:
-            ch.status = "not gated" if threshold is None else "invalid"
-            ch.note = f"the baseline's {metric_name}: {exc}"
-            return ch
+            return _unreadable(ch, "the baseline's", exc)
         if value is not None:
             bases.append((value, data))
     if not bases:
