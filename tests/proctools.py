@@ -1,5 +1,6 @@
 """What the tests read of other processes from /proc: alive or not, children, process groups."""
 import os
+import signal
 import time
 
 
@@ -54,3 +55,19 @@ def wait_for(cond, timeout, step=0.05):
             return True
         time.sleep(step)
     return cond()
+
+
+def end(proc, pids=()):
+    """A test's clean-up of a middle process it started (subprocess.Popen) and of the pids it
+    saw: the pipes closed, the process killed and reaped if it still runs, each pid SIGKILLed."""
+    for pipe in (proc.stdin, proc.stdout, proc.stderr):
+        if pipe is not None:
+            pipe.close()
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass

@@ -16,6 +16,7 @@ import time
 import pytest
 
 from brokenservers import connect, exchange
+from proctools import end
 from pyconcbench import harness
 from pyconcbench.harness import (
     PinningPlan,
@@ -409,14 +410,6 @@ def _kill_middle_and_wait(fake, env=None):
         raise
 
 
-def _kill_all(pids):
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
-
-
 def test_a_server_deaf_to_sigterm_is_killed_with_its_group_when_pytest_is_killed(fake_python, tmp_path):
     """pytest SIGKILLed: the server gets the parent-death SIGTERM and ignores it; its guard
     kills it and its helper process after procs.ORPHAN_GRACE s and removes its socket's
@@ -441,12 +434,7 @@ def test_a_server_deaf_to_sigterm_is_killed_with_its_group_when_pytest_is_killed
             time.sleep(0.05)
         assert not os.path.exists(tmpdir)
     finally:
-        middle.stdout.close()
-        middle.stdin.close()
-        if middle.poll() is None:
-            middle.kill()
-            middle.wait()
-        _kill_all(pids)
+        end(middle, pids)
         shutil.rmtree(os.path.dirname(path), ignore_errors=True)
 
 
@@ -463,10 +451,5 @@ def test_a_server_removes_its_socket_directory_when_pytest_is_killed():
             time.sleep(0.05)
         assert not os.path.exists(tmpdir), "the server left its socket's directory behind"
     finally:
-        middle.stdout.close()
-        middle.stdin.close()
-        if middle.poll() is None:
-            middle.kill()
-            middle.wait()
-        _kill_all([server_pid])
+        end(middle, [server_pid])
         shutil.rmtree(tmpdir, ignore_errors=True)

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from pyconcbench import procs
-from proctools import alive, wait_for
+from proctools import alive, end, wait_for
 
 PY = sys.executable
 
@@ -159,16 +159,7 @@ def test_a_child_deaf_to_sigterm_is_killed_by_its_guard_when_the_parent_is_kille
         for pid in pids:  # the guard's grace is 0.5 s; a generous bound for a busy machine
             assert wait_for(lambda: not alive(pid), 60), f"pid {pid} outlived its parent"
     finally:
-        middle.stdout.close()
-        middle.stdin.close()
-        if middle.poll() is None:
-            middle.kill()
-            middle.wait()
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
+        end(middle, pids)
 
 
 def test_the_guard_dies_with_its_child():
