@@ -127,13 +127,7 @@ def _guard(leader: int, parent: int, pidfd: Optional[int], grace: float, remove:
         if pidfd is not None:
             select.select([pidfd], [], [])
         else:
-            while True:
-                try:
-                    os.kill(parent, 0)
-                except ProcessLookupError:
-                    break
-                except OSError:
-                    pass
+            while _pid_alive(parent):
                 time.sleep(1.0)
         time.sleep(grace)  # the leader stopping in time ends this process (its death signal)
         for path in remove:
