@@ -270,17 +270,18 @@ class ABRunner:
         self.orders: List[str] = []
 
     def run(self, benchmark: Any) -> ABOutcome:
-        from . import echo, loadgen
+        from . import echo, loadgen, rounds
         with loadgen.LoadSession(self.runners["a"].spec) as sa, loadgen.LoadSession(self.runners["b"].spec) as sb:
             sessions = {"a": sa, "b": sb}
 
-            def pair() -> None:
+            def pair() -> float:
                 o = order(len(self.orders))
-                for side in o:
-                    self.runners[side].one_round(sessions[side])
+                seconds = sum(self.runners[side].one_round(sessions[side]) for side in o)
                 self.orders.append(o)
+                return seconds
 
-            benchmark.pedantic(pair, rounds=self.pairs, iterations=1, warmup_rounds=0)
+            # every pair: the interval needs them all (no early stop)
+            rounds.run_rounds(benchmark.pedantic, pair, rounds.Plan.fixed(self.pairs), list)
             outcomes = {s: echo.EchoOutcome.from_records(self.runners[s], sessions[s].connect_seconds)
                         for s in SIDES}
         extra = ab_extra(self.case, self.environments, {s: outcomes[s].extra for s in SIDES}, self.orders)

@@ -117,6 +117,7 @@ class RoundRecord:
     probe_after: Optional[float]
     noisy: str  # why it was noisy, "" when clean
     attempt: int
+    kept: str = rounds.CLEAN  # why this try stands for the round (rounds.Outcome.kept_because)
     speed_before: Optional[Dict[int, float]] = None  # cpu -> loop time / the best seen
     speed_after: Optional[Dict[int, float]] = None
 
@@ -141,8 +142,8 @@ class EchoRunner:
             messages = settings.messages or PROFILES[settings.profile]().messages_for(case.connections, case.size)
             duration = 0.0
         self.messages = messages
-        profile = PROFILES[settings.profile]()
-        self.rounds = settings.rounds or profile.rounds_for(case.connections)
+        self.plan = settings.plan_for(case.connections)
+        self.rounds = self.plan.most
         address = server.address
         common = dict(
             connections=case.connections, size=case.size, messages=messages, duration=duration,
@@ -186,13 +187,19 @@ class EchoRunner:
         rec.noisy = judge.reason(probes_before, probes_after, rec.other_cpu, result.elapsed)
         return rec, rec.noisy, finished - started
 
-    def one_round(self, session: loadgen.LoadSession) -> None:
-        """The function pytest-benchmark times: measures until a round is clean (at most
-        noise_retries extra tries); only the accepted phase's wall time counts."""
+    def one_round(self, session: loadgen.LoadSession) -> float:
+        """One round: measured until a try is clean (rounds.measure_round); returns the kept
+        try's load-phase seconds, the round's time."""
         outcome = rounds.measure_round(lambda attempt: self._measure(session, attempt),
-                                       self.settings.noise_retries)
+                                       self.settings.noise_retries, settle=self.judge.settle)
+        outcome.kept.value.kept = outcome.kept_because
         self.records.append(outcome.kept.value)
         self.rejected.extend(t.value for t in outcome.rejected)
+        return outcome.timed
+
+    def clean_figures(self) -> List[float]:
+        """msgs/s of the clean rounds so far (what Plan.done reads)."""
+        return [r.result.msgs_per_s for r in self.records if not r.noisy]
 
     def count_allocator(self, session: loadgen.LoadSession) -> Dict[str, Any]:
         """The server's allocator syscalls per round trip over one extra round after the
@@ -220,8 +227,8 @@ class EchoRunner:
             if self.settings.syscalls:
                 counter = syscalls.SyscallCounter(self.server.measured_pid).start()
             try:
-                benchmark.pedantic(self.one_round, args=(session,), rounds=self.rounds,
-                                   iterations=1, warmup_rounds=0)
+                rounds.run_rounds(benchmark.pedantic, lambda: self.one_round(session), self.plan,
+                                  self.clean_figures)
             finally:
                 if counter is not None:
                     counts = counter.stop()
@@ -326,6 +333,7 @@ class EchoOutcome:
             "cpu_speed_best_ns": ({str(c): round(v) for c, v in runner.speed.best.items()}
                                   if runner.speed is not None else None),
             "noise_rule": rounds.NoiseJudge.rule(runner.settings.noise_retries),
+            "round_plan": runner.plan.describe(),
             # /proc/stat unreadable: the other-CPU part of the noise judge did not run; say so
             "other_cpu_check": ("unknown: /proc/stat was unreadable" if any(r.other_cpu is None for r in recs)
                                 else "ran"),
@@ -369,6 +377,7 @@ def _round_dict(rec: RoundRecord) -> Dict[str, Any]:
         "cpu_speed_after": rounds.ratios(rec.speed_after),
         "noisy": rec.noisy or None,
         "attempt": rec.attempt,
+        "kept": rec.kept,
     }
 
 

@@ -274,10 +274,10 @@ def zmq_bench(benchmark: Any, zmq_case: Any, pcb_settings: Settings, pcb_probe_b
         cpus = pcb_settings.cpus
         if cpus is None and zmq_case.placement != pcbzmq.DEFAULT_PLACEMENT:
             pytest.skip(f"pinning off (--pcb-cpus none): the {zmq_case.placement} placement needs two CPUs")
-        rounds_ = pcb_settings.rounds or options.PROFILES[pcb_settings.profile]().rounds
-        runner = Runner(zmq_case, requests=pcb_settings.messages or zmq_case.requests, rounds_=rounds_,
+        plan = pcb_settings.plan(options.PROFILES[pcb_settings.profile]().rounds)
+        runner = Runner(zmq_case, requests=pcb_settings.messages or zmq_case.requests, rounds_=plan.most,
                         retries=pcb_settings.noise_retries, timeout=pcb_settings.stall_timeout, cpus=cpus,
-                        probe_baseline=pcb_probe_baseline, speed=pcb_speed_gauge)
+                        probe_baseline=pcb_probe_baseline, speed=pcb_speed_gauge, plan=plan)
         # a package not installed or not importable here: a skip; our own module broken: a failure
         extra = _call(lambda: runner.run(benchmark.pedantic), (pcbzmq.Unavailable,),
                       (pcbzmq.RoundError, pcbzmq.Broken), f"{zmq_case.id}: ", settings=pcb_settings)
@@ -301,7 +301,8 @@ def switch_bench(request: pytest.FixtureRequest, benchmark: Any, switch_case: An
         # not installed, not on PATH, one CPU: a skip; the Go baselines do not build: a failure
         _call(runner.check_available, (micro.Unavailable,), (micro.Broken,), f"{switch_case.id}: ",
               settings=pcb_settings)
-        extra = _call(lambda: runner.run(benchmark.pedantic), (),
+        plan = pcb_settings.plan(switch_case.rounds)
+        extra = _call(lambda: runner.run(benchmark.pedantic, plan=plan), (),
                       (micro.WorkloadError, OSError, RuntimeError), f"{switch_case.id}: ", typed=True)
         info = benchmark.extra_info  # the very dict pytest-benchmark saves
         info.update(extra)

@@ -180,8 +180,12 @@ def loadavg() -> List[float]:
 
 #: Iterations of the fixed loop one speed probe times (about 1 ms on the reference machine).
 SPEED_LOOPS = 12000
-#: A probe this much slower than the fastest seen on that CPU means a slow spell.
-SPEED_NOISY_FACTOR = 1.15
+#: A probe this much slower than the fastest seen on that CPU means a slow spell.  On the 2-vCPU
+#: VM this was tuned on the probes fall in two groups (1,282 probes of a 23-minute run): 1.00 to
+#: ~1.25x the best (the median 1.11 and 1.19 on the two CPUs: the best is the session's rarest
+#: fast moment), and slow spells at 1.55 to 2.5x; the factor sits between them.  At 1.15 the
+#: judge rejected half the normal group, and measuring those rounds again found more of the same.
+SPEED_NOISY_FACTOR = 1.35
 
 
 def cpu_loop_ns(cpu: int, loops: int = SPEED_LOOPS, repeat: int = 3) -> float:

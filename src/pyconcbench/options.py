@@ -156,6 +156,18 @@ def parse_fail_on(text: str) -> str:
     return text
 
 
+def parse_share(text: str) -> float:
+    """'3%', '0.03' or '0' -> a share in [0, 0.5]."""
+    raw = text.strip()
+    try:
+        value = float(raw[:-1]) / 100.0 if raw.endswith("%") else float(raw)
+    except ValueError:
+        raise ValueError(f"expected a share such as 3% or 0.03, got {text!r}") from None
+    if not 0.0 <= value <= 0.5:
+        raise ValueError(f"the share must be between 0 and 50%, got {text!r}")
+    return value
+
+
 def parse_alpha(text: str) -> float:
     try:
         value = float(text)
@@ -235,6 +247,8 @@ class Profile:
     rounds: int
     min_messages: int
     variants: Tuple[Tuple[str, int, int, str, str], ...] = ()
+    least: int = 3        #: rounds every case measures before it may stop early
+    agree: float = 0.0    #: ... once its clean rounds agree within this share (0: never early)
 
     def messages_for(self, connections: int, size: int) -> int:
         """Round trips per round: ~20 per connection (fewer from 3,000 connections on, where
@@ -262,7 +276,8 @@ def _profile_quick() -> Profile:
     # UNIX sockets at 100 connections: ~1.4 us of kernel work per send+recv against ~6 us for
     # loopback TCP, so the concurrency model's own cost shows far more clearly.
     cases = tuple((c, 64, "tcp") for c in (10, 100, 1000)) + ((100, 64, "unix"),)
-    return Profile(cases=cases, rounds=5, min_messages=20_000, variants=PRISTINE_VARIANTS)
+    # A case stops after 3 rounds when they agree within 3 % (rounds.Plan): most quiet cases do.
+    return Profile(cases=cases, rounds=5, min_messages=20_000, variants=PRISTINE_VARIANTS, agree=0.03)
 
 
 def _profile_full() -> Profile:
@@ -313,6 +328,9 @@ OPTIONS: Dict[str, Tuple[Callable[[str], Any], Optional[str], str, str]] = {
                   "their project counterparts: auto (100 connections, 64 B, TCP), all (every case), none", "WHERE"),
     "syscalls": (parse_bool, "no", "count the server's syscalls and context switches per round trip "
                  "(perf, else strace; slows the server)", "yes|no"),
+    "agree": (parse_share, None, "stop a case after 3 rounds, before the profile's number, once its clean "
+              "rounds agree within this share of their median, e.g. 3%% (default: the profile's: quick 3%%, "
+              "full 0 = always every round; --pcb-rounds fixes the number)", "PCT"),
     "noise-retries": (parse_positive_int, "3", "how often a noisy round is measured again", "N"),
     "stall-timeout": (parse_seconds, "10", "fail a round when no round trip completes for this long", "SECONDS"),
     "fail-on": (parse_fail_on, None, "regression gate against --benchmark-compare's baseline: comma-separated "
@@ -371,6 +389,22 @@ class Settings:
     ab: Optional[Dict[str, Any]] = None  # "a"/"b" -> ab.Environment in an interleaved A/B run
     pinning_note: str = ""
     sources: Dict[str, str] = field(default_factory=dict)
+    agree: Optional[float] = None  # None: the profile's
+
+    def plan(self, most: int) -> Any:
+        """How many rounds a case whose profile measures ``most`` runs (rounds.Plan): exactly
+        --pcb-rounds when given, else from the profile's least up to ``most``, stopping once
+        the clean rounds agree within --pcb-agree (the profile's by default)."""
+        from . import rounds
+        if self.rounds:
+            return rounds.Plan.fixed(self.rounds)
+        profile = PROFILES[self.profile]()
+        agree = profile.agree if self.agree is None else self.agree
+        return rounds.Plan(min(profile.least, most), most, agree)
+
+    def plan_for(self, connections: int) -> Any:
+        """The echo plan at ``connections`` (fewer rounds from 3,000 connections on)."""
+        return self.plan(PROFILES[self.profile]().rounds_for(connections))
 
 
 def env_name(name: str) -> str:
@@ -466,6 +500,7 @@ def resolve(raw: Callable[[str], Tuple[Optional[str], str]]) -> Settings:
         ab=ab_envs,
         pinning_note=note,
         sources=sources,
+        agree=values["agree"],
     )
 
 

@@ -73,6 +73,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if settings.require:
         config.pluginmanager.register(RequirePlugin(settings), RequirePlugin.NAME)
     procs.sweep_stale_tmpdirs()  # left behind by a run that was killed (SIGKILL) before its clean-up
+    rounds.BUDGET.reset()  # the session's noise budget starts now
 
 
 def pytest_report_header(config: pytest.Config) -> List[str]:
@@ -93,9 +94,10 @@ def pytest_report_header(config: pytest.Config) -> List[str]:
 
 # ---- parametrization -----------------------------------------------------------------------
 
-def _bench_param(case: Any, group: str, timed_by_round_clock: bool = True) -> Any:
-    marks = (pytest.mark.benchmark(group=group, timer=rounds.ROUND_CLOCK) if timed_by_round_clock
-             else pytest.mark.benchmark(group=group))
+def _bench_param(case: Any, group: str) -> Any:
+    """Every family's rounds are measured by pyconcbench.rounds and handed to pytest-benchmark
+    through ROUND_CLOCK (rounds.replay)."""
+    marks = pytest.mark.benchmark(group=group, timer=rounds.ROUND_CLOCK)
     return pytest.param(case, id=case if isinstance(case, str) else case.id, marks=marks)
 
 
@@ -119,8 +121,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         found = [c for c in micro.cases() if c.test == kind]
         if not found:
             raise pytest.UsageError(f"{metafunc.function.__name__}: no switch microbenchmark of kind {kind!r}")
-        # pytest-benchmark's own clock: a switch round's time is the wall time of the whole round
-        metafunc.parametrize("switch_case", [_bench_param(c, c.group, timed_by_round_clock=False) for c in found])
+        metafunc.parametrize("switch_case", [_bench_param(c, c.group) for c in found])
 
 
 # ---- required implementations ------------------------------------------------------------------

@@ -1,18 +1,25 @@
-"""The measured round, for every workload (echo, ZeroMQ, switch): the clock pytest-benchmark
-reads, the noise judges, and the one retry loop.
+"""The measured rounds, for every workload (echo, ZeroMQ, switch): how many (``Plan``), the one
+retry loop, the noise judges, the session's noise budget, and the clock pytest-benchmark reads.
 
-A round is measured; if a judge finds it noisy it is measured again after a growing pause, up
-to ``retries`` more times, and the last try is kept (marked noisy) when none was clean.  The
-judges of rounds that run on pinned CPUs (echo, ZeroMQ) are in ``NoiseJudge``: a slow spell of
-a CPU the round runs on (``instruments.SpeedGauge``), the cache-line round trip between the two
-pinned CPUs far above the quiet machine's, other processes busy during the round.  The switch
-workload brings its own judge (the measuring thread waited for its CPU), through the same loop.
+A round is measured; if a judge finds it noisy, the loop waits for the machine to be quiet
+again (polling the judge's probes, at most ``SETTLE_SECONDS``) and measures it once more, up to
+``retries`` times; a spell that outlasts the wait, or a session whose noise budget is spent
+(``NoiseBudget``: rejected tries and waits may take a tenth of the session, plus an allowance),
+keeps the try, marked noisy.  The judges of rounds that run on pinned CPUs (echo, ZeroMQ) are in
+``NoiseJudge``: a slow spell of a CPU the round runs on (``instruments.SpeedGauge``), the
+cache-line round trip between the two pinned CPUs far above the quiet machine's, other
+processes busy during the round.  The switch workload brings its own judge (the measuring thread
+waited for its CPU), through the same loop.
 
-``ROUND_CLOCK`` is the timer pytest-benchmark reads around a round: ``perf_counter`` less the
-time spent in probes and in rejected tries, so a round's duration is the accepted try's alone.
+A case measures at least ``Plan.least`` rounds and at most ``Plan.most``, and stops in between
+once its clean rounds agree within ``Plan.tight`` (``run_rounds``).  The rounds are measured by
+this loop, then handed to pytest-benchmark (``replay``): ``ROUND_CLOCK``, the timer it reads,
+gives back each round's own measured time (the accepted try's load phase, probes and rejected
+tries left out), so its statistics are those of the rounds kept.
 """
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Generic, List, Optional, Sequence, Tuple, TypeVar
@@ -29,28 +36,62 @@ PROBE_NOISY_MARGIN_NS = 150.0
 OTHER_CPU_NOISY_SHARE = 0.25
 
 
+#: After a noisy try, how long the loop waits for the machine to be quiet again before
+#: measuring the round once more; a slow spell of this host lasts from seconds to minutes, and
+#: one that outlasts the wait is not waited out (the try is kept, marked noisy).
+SETTLE_SECONDS = 1.0
+#: How often the judge's probes are read while waiting (each costs a few milliseconds).
+SETTLE_POLL = 0.05
+#: Without probes to poll (the switch workload), the pause before measuring again.
+RETRY_PAUSE = 0.1
+
+
 class RoundClock:
-    """The timer pytest-benchmark reads around each round: ``perf_counter`` less the time
-    excluded so far (probes, rejected noisy tries)."""
+    """The timer pytest-benchmark reads around each round.  While ``replay`` hands it a case's
+    rounds, it gives back their measured times (two reads per round: 0 and the round's
+    seconds); otherwise ``perf_counter``."""
 
     __name__ = "round_clock"
     __module__ = "pyconcbench.rounds"
 
     def __init__(self) -> None:
-        self.excluded = 0.0
+        self._script: List[float] = []
 
     def __call__(self) -> float:
-        return time.perf_counter() - self.excluded
+        if self._script:
+            return self._script.pop()
+        return time.perf_counter()
 
 
 ROUND_CLOCK = RoundClock()
 
 
-def retry_pause(attempt: int) -> None:
-    """Before measuring a noisy round again: a slow spell of the host lasts seconds, so wait a
-    little longer each time."""
-    if attempt:
-        time.sleep(min(2.0, 0.5 * attempt))
+class NoiseBudget:
+    """How much of a session may go to noise: rejected tries and waits for quiet together at
+    most ``share`` of the session's time so far plus ``allowance`` seconds.  On a host in a long
+    slow spell every round is noisy and measuring it again rarely helps (measured here: 892
+    rejected tries and 829 s of pauses in a 23-minute run, and still 225 of 390 kept rounds
+    noisy); the budget bounds what a run spends on them.  Once it is spent, rounds are measured
+    once, and a judge that finds one noisy marks it so."""
+
+    def __init__(self, share: float = 0.10, allowance: float = 30.0) -> None:
+        self.share = share
+        self.allowance = allowance
+        self.reset()
+
+    def reset(self) -> None:
+        self.started = time.monotonic()
+        self.spent = 0.0
+
+    def left(self) -> float:
+        return self.allowance + self.share * (time.monotonic() - self.started) - self.spent
+
+    def charge(self, seconds: float) -> None:
+        self.spent += max(0.0, seconds)
+
+
+#: The session's budget (reset when a pytest session or ``python -m pyconcbench.micro`` starts).
+BUDGET = NoiseBudget()
 
 
 @dataclass
@@ -63,28 +104,130 @@ class Try(Generic[T]):
     attempt: int
 
 
+#: Why a try was kept (``Outcome.kept_because``).
+CLEAN, RETRIES_SPENT, SPELL, BUDGET_SPENT = "clean", "retries spent", "still noisy after the wait", "noise budget spent"
+
+
 @dataclass
 class Outcome(Generic[T]):
     kept: Try[T]
     rejected: List[Try[T]] = field(default_factory=list)
+    timed: float = 0.0          #: the kept try's own measured seconds (its round time)
+    kept_because: str = CLEAN   #: CLEAN, RETRIES_SPENT, SPELL or BUDGET_SPENT
 
 
 def measure_round(measure: Callable[[int], Tuple[T, str, float]], retries: int,
-                  clock: Optional[RoundClock] = ROUND_CLOCK) -> Outcome[T]:
+                  settle: Optional[Callable[[float], bool]] = None,
+                  budget: Optional[NoiseBudget] = None) -> Outcome[T]:
     """Runs ``measure(attempt) -> (value, why_noisy, timed_seconds)`` until a try is clean, at
-    most ``retries`` more times; with a ``clock``, everything but the kept try's timed seconds
-    is excluded from it."""
-    entered = time.perf_counter()
+    most ``retries`` more times.  Before each new try, ``settle(limit)`` waits up to ``limit``
+    seconds for the machine to be quiet and says whether it is (None: a short pause); a spell
+    that outlasts the wait ends the retries.  The rejected tries and the waits are charged to
+    ``budget`` (default: the session's ``BUDGET``); once it is spent, the try is kept."""
+    budget = BUDGET if budget is None else budget
     rejected: List[Try[T]] = []
-    for attempt in range(retries + 1):
-        retry_pause(attempt)
+    attempt = 0
+    while True:
         value, why, timed = measure(attempt)
-        if not why or attempt == retries:
-            if clock is not None:
-                clock.excluded += (time.perf_counter() - entered) - timed
-            return Outcome(Try(value, why, attempt), rejected)
+        if not why:
+            return Outcome(Try(value, why, attempt), rejected, timed, CLEAN)
+        because = (RETRIES_SPENT if attempt >= retries else BUDGET_SPENT if budget.left() <= 0 else "")
+        if because:
+            return Outcome(Try(value, why, attempt), rejected, timed, because)
         rejected.append(Try(value, why, attempt))
-    raise AssertionError("unreachable")  # pragma: no cover
+        waited_from = time.perf_counter()
+        if settle is None:
+            time.sleep(RETRY_PAUSE)
+            quiet = True
+        else:
+            quiet = settle(max(0.0, min(SETTLE_SECONDS, budget.left())))
+        budget.charge(time.perf_counter() - waited_from + timed)
+        attempt += 1
+        if not quiet:
+            # the spell outlasted the wait: this try stands for the round, noisy
+            value, why, timed = measure(attempt)
+            if not why:
+                return Outcome(Try(value, why, attempt), rejected, timed, CLEAN)
+            return Outcome(Try(value, why, attempt), rejected, timed, SPELL)
+
+
+# ---- how many rounds --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Plan:
+    """How many rounds a case measures: at least ``least``, at most ``most``, and in between it
+    stops once its clean rounds (at least ``least`` of them) agree within ``tight``: their range
+    at most that share of their median.  ``tight`` 0: always ``most``."""
+
+    least: int
+    most: int
+    tight: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.least <= self.most:
+            raise ValueError(f"Plan: need 1 <= least <= most, got {self.least}, {self.most}")
+        if not 0.0 <= self.tight < 1.0:
+            raise ValueError(f"Plan: tight must be in [0, 1), got {self.tight}")
+
+    @classmethod
+    def fixed(cls, rounds: int) -> "Plan":
+        return cls(rounds, rounds, 0.0)
+
+    def done(self, measured: int, clean: Sequence[float]) -> bool:
+        """Whether a case that has measured ``measured`` rounds, ``clean`` the figures of its
+        clean ones (e.g. msgs/s), needs no more."""
+        if measured >= self.most:
+            return True
+        if measured < self.least or not self.tight or len(clean) < self.least:
+            return False
+        mid = statistics.median(clean)
+        return mid > 0 and (max(clean) - min(clean)) / mid <= self.tight
+
+    def describe(self) -> str:
+        if self.least == self.most:
+            return f"{self.most} rounds"
+        return (f"{self.least} to {self.most} rounds: stops once at least {self.least} clean rounds agree "
+                f"within {self.tight:.0%} of their median")
+
+
+def run_rounds(pedantic: Optional[Callable[..., Any]], one_round: Callable[[], float], plan: Plan,
+               clean: Callable[[], Sequence[float]]) -> int:
+    """Measures rounds until ``plan`` is done (``one_round()`` measures one and returns its
+    time in seconds; ``clean()`` gives the clean rounds' figures so far), then hands their
+    times to pytest-benchmark through ``pedantic`` (``replay``).  Returns the rounds measured.
+    With pytest-benchmark disabled (``--benchmark-disable``: a test run), one round, as
+    pytest-benchmark itself runs a disabled benchmark once."""
+    if pedantic is not None and getattr(getattr(pedantic, "__self__", None), "disabled", False):
+        plan = Plan.fixed(1)
+    times: List[float] = []
+    while True:
+        times.append(one_round())
+        if plan.done(len(times), clean()):
+            break
+    if pedantic is not None:
+        replay(pedantic, times)
+    return len(times)
+
+
+def replay(pedantic: Callable[..., Any], times: Sequence[float]) -> None:
+    """Hands measured round times to pytest-benchmark: ``pedantic`` runs an empty round per
+    time, and ``ROUND_CLOCK`` (its timer for every family here) reads 0 before and the round's
+    time after it.  The benchmark must use ROUND_CLOCK: an unread script is an error."""
+    script: List[float] = []
+    for t in reversed(times):
+        script += [float(t), 0.0]  # popped from the end: 0.0 (the start), then t (the end) of each round
+    ROUND_CLOCK._script = script
+
+    def nothing() -> None:
+        return None
+
+    try:
+        pedantic(nothing, rounds=len(times), iterations=1, warmup_rounds=0)
+    finally:
+        left, ROUND_CLOCK._script = ROUND_CLOCK._script, []
+    if left and len(left) != 2 * len(times):
+        raise RuntimeError(f"pyconcbench: pytest-benchmark read the round clock {2 * len(times) - len(left)} "
+                           f"times for {len(times)} rounds, not twice per round: its round times would be wrong")
 
 
 @dataclass(frozen=True)
@@ -136,6 +279,18 @@ class NoiseJudge:
         rtt = instruments.cacheline_rtt(*self.pair) if self.pair else None
         return Probes(speed, rtt)
 
+    def settle(self, limit: float) -> bool:
+        """Waits up to ``limit`` seconds for the machine to be quiet again (the CPU-speed and
+        cache-line probes within their rule), polling every ``SETTLE_POLL`` s; whether it is."""
+        deadline = time.monotonic() + limit
+        while True:
+            probes = self.probe()
+            if not noise_reason(self.speed, (probes.speed,), self.probe_baseline, (probes.cacheline_ns,), None, 0.0):
+                return True
+            if time.monotonic() + SETTLE_POLL > deadline:
+                return False
+            time.sleep(SETTLE_POLL)
+
     def reason(self, before: Probes, after: Probes, other_cpu: Optional[float], elapsed: float) -> str:
         return noise_reason(self.speed, (before.speed, after.speed), self.probe_baseline,
                             (before.cacheline_ns, after.cacheline_ns), other_cpu, elapsed)
@@ -153,8 +308,10 @@ class NoiseJudge:
                 f"its best on either pinned CPU, or the cache-line probe exceeded the larger of "
                 f"{PROBE_NOISY_FACTOR}x its quiet value and the quiet value + "
                 f"{PROBE_NOISY_MARGIN_NS:.0f} ns, or other processes used > "
-                f"{OTHER_CPU_NOISY_SHARE:.0%} of a CPU beyond two clock ticks; it is measured again up to "
-                f"{retries} times, waiting 0.5 s more each time")
+                f"{OTHER_CPU_NOISY_SHARE:.0%} of a CPU beyond two clock ticks; it is measured again, up to "
+                f"{retries} times, once the probes show the machine quiet (waiting at most {SETTLE_SECONDS:g} s; "
+                f"a longer spell keeps the try), while the session's noise budget lasts "
+                f"({BUDGET.share:.0%} of its time + {BUDGET.allowance:g} s)")
 
 
 def ratios(speed: Optional[Dict[int, float]]) -> Optional[Dict[str, float]]:

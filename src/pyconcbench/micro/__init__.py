@@ -395,6 +395,7 @@ class Runner:
         self.other_cpu: List[Optional[float]] = []  # per round: other processes' CPU share
         self.noisy: List[str] = []  # per kept round: why it is still noisy after the retries
         self.rejected: List[Tuple[Sample, str]] = []  # noisy rounds measured again
+        self.plan = round_engine.Plan.fixed(case.rounds)  # how many rounds (set by run)
         self.extra: Dict[str, Any] = {}
         self.go_version: Optional[str] = None
         self.helper_reports: List[Dict[str, Any]] = []  # every helper run's own report
@@ -498,16 +499,21 @@ class Runner:
             share = round(seconds / (t1 - t0) / len(self.cpus), 3)
         return (sample, share), self._judge(sample), t1 - t0
 
-    def one_round(self) -> None:
-        """One measured round (what pytest-benchmark times, by its own clock: the whole round).
-        A solo case's round in which the measuring thread waited for its CPU (another process
-        took it) is measured again, up to NOISE_RETRIES times."""
-        outcome = round_engine.measure_round(self._measure, NOISE_RETRIES, clock=None)
+    def one_round(self) -> float:
+        """One measured round; returns its time (the wall time of the whole kept try, which
+        pytest-benchmark is handed).  A solo case's round in which the measuring thread waited
+        for its CPU (another process took it) is measured again, up to NOISE_RETRIES times."""
+        outcome = round_engine.measure_round(self._measure, NOISE_RETRIES)
         sample, share = outcome.kept.value
         self.samples.append(sample)
         self.other_cpu.append(share)
         self.noisy.append(outcome.kept.noisy)
         self.rejected.extend((t.value[0], t.noisy) for t in outcome.rejected)
+        return outcome.timed
+
+    def clean_figures(self) -> List[float]:
+        """ns/op of the clean rounds so far (what rounds.Plan.done reads)."""
+        return [s.ns_per_op for s, why in zip(self.samples, self.noisy) if not why]
 
     def _judge(self, sample: Sample) -> str:
         """Why the round is noisy, or ''."""
@@ -517,12 +523,13 @@ class Runner:
         return ""
 
     def run(self, pedantic: Optional[Callable[..., Any]] = None,
-            rounds: Optional[int] = None) -> Dict[str, Any]:
+            rounds: Optional[int] = None, plan: Optional[round_engine.Plan] = None) -> Dict[str, Any]:
         """Checks availability, pins (Python: the calling thread, restored after), runs one
-        untimed warm-up round and the measured rounds (through ``pedantic`` when given:
-        pytest-benchmark's ``benchmark.pedantic``), and returns the extra_info dict."""
+        untimed warm-up round and the measured rounds (``plan``, else exactly ``rounds``, else
+        the case's; handed to pytest-benchmark through ``pedantic`` when given:
+        ``benchmark.pedantic``), and returns the extra_info dict."""
         self.check_available()
-        rounds = rounds or self.case.rounds
+        self.plan = plan or round_engine.Plan.fixed(rounds or self.case.rounds)
         saved = os.sched_getaffinity(0)
         # Python runs in the calling thread; C's driver, the Go process and a small-process
         # helper pin themselves.
@@ -531,11 +538,7 @@ class Runner:
             workloads.pin(self.cpus[0])
         try:
             self.measure(self.case.warm_loops())
-            if pedantic is not None:
-                pedantic(self.one_round, rounds=rounds, iterations=1, warmup_rounds=0)
-            else:
-                for _ in range(rounds):
-                    self.one_round()
+            round_engine.run_rounds(pedantic, self.one_round, self.plan, self.clean_figures)
         finally:
             if pin_here:
                 os.sched_setaffinity(0, saved)
@@ -585,6 +588,7 @@ class Runner:
             "ops_per_round": ops,
             "ops_per_iteration": ops,  # one pytest-benchmark iteration = one round
             "rounds": len(self.samples),
+            "round_plan": self.plan.describe(),
             "subtracted": ("the same number of empty-loop iterations, timed just before "
                            "in the same language") if c.subtract else "nothing",
             "empty_ns_per_loop": round(statistics.median(s.empty_ns / c.loops for s in self.samples), 3)

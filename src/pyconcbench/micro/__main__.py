@@ -56,6 +56,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"{c.test}:{c.id:<32} {c.group:<14} {c.loops:>11} loops x {c.rounds} rounds  {c.op}")
         return 0
     results = {}
+    from .. import rounds
+    rounds.BUDGET.reset()
     status = 0
     for c in selected:
         runner = Runner(c, args.cpus)

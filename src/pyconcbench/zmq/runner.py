@@ -25,12 +25,13 @@ class Runner:
 
     def __init__(self, case: Case, *, requests: int, rounds_: int, retries: int, timeout: float,
                  cpus: Optional[Tuple[int, int]], probe_baseline: Optional[float],
-                 speed: Any = None) -> None:
+                 speed: Any = None, plan: Optional[rounds.Plan] = None) -> None:
         if cpus is None and case.placement != DEFAULT_PLACEMENT:
             raise ValueError(f"the {case.placement} placement needs two pinned CPUs")
         self.case = case
         self.requests = requests
         self.rounds = rounds_
+        self.plan = plan or rounds.Plan.fixed(rounds_)  # how many rounds (rounds.Plan)
         self.retries = retries
         self.cpus = cpus
         self.probe_baseline = probe_baseline
@@ -59,12 +60,19 @@ class Runner:
                   "noisy": note or None, "attempt": attempt}
         return (result, record), note, finished - started
 
-    def one_round(self) -> None:
-        outcome = rounds.measure_round(self._measure, self.retries)
+    def one_round(self) -> float:
+        """One round (rounds.measure_round); returns its time, the kept try's seconds."""
+        outcome = rounds.measure_round(self._measure, self.retries, settle=self.judge.settle)
         result, record = outcome.kept.value
+        record["kept"] = outcome.kept_because
         self.results.append(result)
         self.records.append(record)
         self.rejected.extend(dict(r.as_dict(), **rec) for r, rec in (t.value for t in outcome.rejected))
+        return outcome.timed
+
+    def clean_figures(self) -> List[float]:
+        """Requests/s of the clean rounds so far (what Plan.done reads)."""
+        return [r.requests / r.elapsed for r, rec in zip(self.results, self.records) if not rec["noisy"]]
 
     def run(self, pedantic: Callable[..., Any]) -> Dict[str, Any]:
         """Opens the session, warms it up, runs the rounds through ``pedantic``
@@ -72,7 +80,7 @@ class Runner:
         cannot."""
         with self.session:
             self.session.warmup(min(WARMUP, self.requests))
-            pedantic(self.one_round, rounds=self.rounds, iterations=1, warmup_rounds=0)
+            rounds.run_rounds(pedantic, self.one_round, self.plan, self.clean_figures)
         return self.extra()
 
     def extra(self) -> Dict[str, Any]:
@@ -87,6 +95,7 @@ class Runner:
         info["noisy_rounds_rejected"] = len(self.rejected)
         info["rejected_rounds"] = self.rejected
         info["timer"] = "wall time of one round of verified requests (rejected noisy rounds left out)"
+        info["round_plan"] = self.plan.describe()
         return info
 
 
