@@ -18,13 +18,14 @@ cross-CPU cost.  With ``--pcb-cpus none`` nothing is pinned and the ``-2cpu`` ro
 
 A round is noisy, as in the echo suite, when a fixed loop timed on a CPU the round runs on
 (both pinned CPUs under 2cpu, the client CPU under 1cpu: ``noise_cpus`` in ``extra_info``)
-before or after it ran more than 1.15x slower than its best (the host's slow spells), when
+before or after it ran more than 1.35x slower than its best (the host's slow spells), when
 other processes used more than a quarter of a CPU during it, or (2cpu only) when the cache-line
 round trip between the two pinned CPUs, probed before and after it, was well above the quiet
 machine's (a VM whose virtual CPUs the host placed apart, or that shares them: every
 cross-CPU wake-up is dearer then).  A noisy round is measured
-again, up to ``--pcb-noise-retries`` times; pytest-benchmark's timer (``ROUND_CLOCK``) leaves
-the probes and the rejected tries out, and ``extra_info`` keeps them.
+again once the machine is quiet, up to ``--pcb-noise-retries`` times (``pyconcbench.rounds``);
+pytest-benchmark is handed each kept try's own time (``ROUND_CLOCK``), and ``extra_info``
+keeps the probes and the rejected tries.
 
 The matrix follows ``--pcb-profile`` (see ``pyconcbench.zmq.cases``): ``quick`` (default) is
 every mode at 200 B / 1 in flight / TCP plus a few variants, ``full`` every mode x 200 B, 1 KiB,
