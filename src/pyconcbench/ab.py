@@ -1,5 +1,6 @@
-"""Interleaved A/B runs of the echo workload: two environments' servers measured round by round
-in one run, on the same CPUs, by the same load generator.
+"""Interleaved A/B runs: two environments measured round by round in one run, on the same
+CPUs -- the echo family's servers by the same load generator, the switch and ZeroMQ families'
+workloads in a worker process per environment (``pyconcbench.worker``, pyperf-style).
 
 Comparing two separate runs fights the machine's drift (this kind of VM runs 1.2-1.7x slower
 for seconds at a time, and same-code runs an hour apart differ by up to 20 %).  Here every
@@ -15,7 +16,15 @@ threshold.
 
     options (--pcb-ab-a/--pcb-ab-b, PCB_AB_A/PCB_AB_B) -> Environment (resolved, described)
     echo case -> ABRunner(two servers, two LoadSessions, echo.EchoRunner each) -> extra_info
-              (family "ab": both sides' echo figures, the pairs, the intervals)
+              (family "ab", ab_family "echo": both sides' echo figures, the pairs, the intervals)
+    switch or ZeroMQ case -> PairedRunner(two WorkerSides: a worker each, started with the
+              side's interpreter and environment) -> extra_info (family "ab", ab_family
+              "switch"/"zmq": both sides' figures as a normal run saves them, the pairs, the
+              intervals)
+
+Which figures a pair compares is the gate's: ``metrics.AB_PAIR_KEYS`` per family (switch:
+ns_per_op, lower is better; zmq: requests_per_s, the latencies and the client's CPU per
+request; echo: msgs_per_s, the latencies and the server's CPU per round trip).
 
 No pytest here: the plugin's fixtures wire it.
 """
@@ -33,9 +42,6 @@ from typing import Any, Dict, List, Optional, Sequence
 from . import metrics, stats
 
 SIDES = ("a", "b")
-
-#: The per-round figures a pair compares: the gate's metric name -> the round's key.
-PAIR_METRICS = metrics.AB_PAIR_KEYS
 
 #: The interval's coverage asked for; with few pairs the exact interval cannot reach it and
 #: the coverage it has is saved and printed beside it.
@@ -170,15 +176,16 @@ def order(pair: int) -> str:
 
 
 def pair_ratios(a_rounds: Sequence[Dict[str, Any]], b_rounds: Sequence[Dict[str, Any]],
-                orders: Sequence[str]) -> List[Dict[str, Any]]:
-    """One dict per pair: its order, and B/A of every PAIR_METRICS figure both rounds have."""
+                orders: Sequence[str], family: str = metrics.ECHO) -> List[Dict[str, Any]]:
+    """One dict per pair: its order, and B/A of every figure of the family's
+    ``metrics.AB_PAIR_KEYS`` both rounds have."""
     if not len(a_rounds) == len(b_rounds) == len(orders):
         raise ValueError(f"pair_ratios: {len(a_rounds)} A rounds, {len(b_rounds)} B rounds, "
                          f"{len(orders)} orders: they must be as many")
     out = []
     for a, b, o in zip(a_rounds, b_rounds, orders):
         pair: Dict[str, Any] = {"order": o.upper()}
-        for name, key in PAIR_METRICS.items():
+        for name, key in metrics.AB_PAIR_KEYS[family].items():
             va, vb = a.get(key), b.get(key)
             if isinstance(va, (int, float)) and isinstance(vb, (int, float)) and va > 0 and vb > 0:
                 pair[name] = round(vb / va, 6)
@@ -188,11 +195,12 @@ def pair_ratios(a_rounds: Sequence[Dict[str, Any]], b_rounds: Sequence[Dict[str,
     return out
 
 
-def intervals(pairs: Sequence[Dict[str, Any]], confidence: float = CONFIDENCE) -> Dict[str, Dict[str, Any]]:
+def intervals(pairs: Sequence[Dict[str, Any]], confidence: float = CONFIDENCE,
+              family: str = metrics.ECHO) -> Dict[str, Dict[str, Any]]:
     """metric -> {ratio, low, high, confidence, pairs}: the Hodges-Lehmann B/A and its
     interval, computed on log-ratios (so B/A and A/B are symmetric) and given back as ratios."""
     out: Dict[str, Dict[str, Any]] = {}
-    for name in PAIR_METRICS:
+    for name in metrics.AB_PAIR_KEYS[family]:
         logs = [math.log(p[name]) for p in pairs if isinstance(p.get(name), (int, float)) and p[name] > 0]
         if not logs:
             continue
@@ -203,20 +211,28 @@ def intervals(pairs: Sequence[Dict[str, Any]], confidence: float = CONFIDENCE) -
     return out
 
 
-def ab_extra(case: Any, environments: Dict[str, Environment], sides: Dict[str, Dict[str, Any]],
+def case_fields(family: str, case: Any) -> Dict[str, Any]:
+    """What an A/B record says of its case, per family (the report's case column reads it)."""
+    if family == metrics.ECHO:
+        return {"impl": case.impl, "label": case.label, "connections": case.connections, "size": case.size,
+                "transport": case.transport, "malloc": case.malloc, "plain": case.plain}
+    if family == metrics.SWITCH:
+        return {"case": case.id, "op": case.op}
+    return {"case": case.id, "mode": case.mode, "size": case.size, "inflight": case.inflight,
+            "transport": case.transport, "placement": case.placement}
+
+
+def ab_extra(family: str, case: Any, environments: Dict[str, Environment], sides: Dict[str, Dict[str, Any]],
              orders: Sequence[str]) -> Dict[str, Any]:
-    """The saved record of one A/B case: both sides' echo figures, the pairs and the intervals."""
-    pairs = pair_ratios(sides["a"]["rounds"], sides["b"]["rounds"], orders)
-    ivs = intervals(pairs)
+    """The saved record of one A/B case: both sides' figures (as the family saves them), the
+    pairs and the intervals."""
+    rounds = metrics.AB_ROUNDS_KEY[family]
+    pairs = pair_ratios(sides["a"][rounds], sides["b"][rounds], orders, family)
+    ivs = intervals(pairs, family=family)
     return {
         **metrics.stamp(metrics.AB),
-        "impl": case.impl,
-        "label": case.label,
-        "connections": case.connections,
-        "size": case.size,
-        "transport": case.transport,
-        "malloc": case.malloc,
-        "plain": case.plain,
+        metrics.AB_FAMILY_KEY: family,
+        **case_fields(family, case),
         "order": "".join(o.upper() for o in orders),
         "pairs": pairs,
         "noisy_pairs": sum(1 for p in pairs if p.get("noisy")),
@@ -284,6 +300,8 @@ class ABRunner:
             rounds.run_rounds(benchmark.pedantic, pair, rounds.Plan.fixed(self.pairs), list)
             outcomes = {s: echo.EchoOutcome.from_records(self.runners[s], sessions[s].connect_seconds)
                         for s in SIDES}
-        extra = ab_extra(self.case, self.environments, {s: outcomes[s].extra for s in SIDES}, self.orders)
+        extra = ab_extra(metrics.ECHO, self.case, self.environments, {s: outcomes[s].extra for s in SIDES},
+                         self.orders)
         benchmark.extra_info.update(extra)  # the very dict pytest-benchmark saves
         return ABOutcome(outcomes, list(self.orders), extra)
+
