@@ -39,7 +39,7 @@ import subprocess
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
-from . import metrics, stats
+from . import metrics, procs, stats
 
 SIDES = ("a", "b")
 
@@ -305,3 +305,155 @@ class ABRunner:
         benchmark.extra_info.update(extra)  # the very dict pytest-benchmark saves
         return ABOutcome(outcomes, list(self.orders), extra)
 
+
+# ---- the switch and ZeroMQ families: a worker per side ------------------------------------------
+
+#: How long a worker may take to import, check the case, warm up and answer READY (a Go
+#: baseline may be built first).
+READY_TIMEOUT = 300.0
+#: How long one round may take before its worker is killed; a ZeroMQ round's own deadline
+#: (10 stall timeouts, at least 120 s) fails it first, in the worker's own words.
+ROUND_TIMEOUT = 300.0
+#: How long a worker may take to send its summary and exit.
+END_TIMEOUT = 60.0
+#: How long a worker that answered with an error may take to exit before it is killed.
+EXIT_WAIT = 5.0
+
+
+class WorkerSide:
+    """The parent's end of one side's worker: ``python -m pyconcbench.worker`` started with the
+    side's interpreter and its environment variables added (through ``procs.Child``: its own
+    process group, the parent-death signal, reaped), then asked one JSON line at a time -- the
+    case (``start``: READY once warmed up), one round at a time (``round``), the summary
+    (``end``).  Every answer has a deadline; any failure -- the worker's own one-line error, no
+    answer in time, a worker that died -- is ABError naming the side, and the worker is killed
+    and reaped then, so nothing is left behind and nothing hangs."""
+
+    def __init__(self, environment: Environment, request: Dict[str, Any], *, ready_timeout: float = READY_TIMEOUT,
+                 round_timeout: float = ROUND_TIMEOUT, end_timeout: float = END_TIMEOUT) -> None:
+        self.environment = environment
+        self.request = dict(request)
+        self.timeouts = {"ready": ready_timeout, "round": round_timeout, "end": end_timeout}
+        self.child: Optional[procs.Child] = None
+        self.rounds = 0
+
+    @property
+    def pid(self) -> Optional[int]:
+        return None if self.child is None or self.child.proc is None else self.child.pid
+
+    def start(self) -> Dict[str, Any]:
+        """Starts the worker and sends it the case; its READY answer once it has warmed up."""
+        env = dict(os.environ)
+        env.update(self.environment.env)
+        self.child = procs.Child([self.environment.python, "-m", "pyconcbench.worker"], env=env, stdin_pipe=True)
+        try:
+            self.child.start()
+        except procs.ChildError as exc:
+            raise self._error(f"cannot start its worker: {exc}") from None
+        return self._ask(self.request, "ready", "the case's start")
+
+    def round(self) -> Dict[str, Any]:
+        """One round measured by the worker: its figures."""
+        self.rounds += 1
+        return self._ask({"do": "round"}, "round", f"round {self.rounds}")
+
+    def end(self) -> Dict[str, Any]:
+        """The side's summary (what a normal run saves for the case); the worker then exits."""
+        summary = self._ask({"do": "end"}, "end", "the end")
+        assert self.child is not None
+        code = self.child.run_to_end(self.timeouts["end"])
+        self.close()
+        if code != procs.EXIT_OK:
+            raise self._error(f"its worker did not exit after its summary ({procs.meaning(self.child.returncode)})")
+        return summary
+
+    def close(self) -> None:
+        """Kills the worker if it still runs and reaps it.  Idempotent."""
+        if self.child is not None:
+            self.child.close()
+
+    def _error(self, text: str) -> ABError:
+        return ABError(f"A/B side {self.environment.side.upper()}: {text}")
+
+    def _ask(self, message: Dict[str, Any], key: str, what: str) -> Dict[str, Any]:
+        """Sends ``message`` and returns its answer's ``key``; ABError (the worker killed) when it
+        answers with an error, not at all within the timeout, or dies."""
+        assert self.child is not None
+        timeout = self.timeouts[key]
+        try:
+            self.child.write_line(json.dumps(message).encode())
+            line = self.child.read_line(timeout)
+        except procs.ChildError:
+            line = None
+        except TimeoutError:
+            self.close()
+            raise self._error(f"its worker did not answer {what} within {timeout:g} s (killed)") from None
+        if line is None:
+            raise self._died(what)
+        try:
+            answer = json.loads(line)
+        except ValueError:
+            answer = None
+        if isinstance(answer, dict) and "error" in answer:
+            self.child.wait(EXIT_WAIT)  # it exits at once: reaped with its own exit code
+            self.close()
+            raise self._error(str(answer["error"]) + (f" ({self.environment.python})" if answer.get("kind") == "missing"
+                                                      else ""))
+        if not isinstance(answer, dict) or not isinstance(answer.get(key), dict):
+            self.close()
+            raise self._error(f"its worker answered {what} with {line[:200]!r}, not its {key!r} line")
+        return answer[key]
+
+    def _died(self, what: str) -> ABError:
+        """The worker closed its stdout: its exit and the last line it wrote to stderr."""
+        assert self.child is not None
+        code = self.child.wait(self.timeouts["end"])
+        self.close()
+        tail = self.child.stderr_tail(1)
+        return self._error(f"its worker exited during {what} ({procs.meaning(code if code is not None else self.child.returncode)})"
+                           + (f": {tail[0].strip()}" if tail else ""))
+
+
+class PairedRunner:
+    """Runs one switch or ZeroMQ case in two workers, A's and B's, on the same CPUs (the run's
+    --pcb-cpus: each worker pins as the family does in a normal run), their rounds alternated
+    in ABBA order -- A B, B A, A B ... -- and never at once: the worker not measuring waits for
+    its next request.  Each worker checks the case and warms up before the first pair; each
+    round is measured once (no noise retries, as ABRunner's); one pytest-benchmark round is one
+    pair.  ``run`` returns the saved record (``ab_extra``)."""
+
+    def __init__(self, settings: Any, family: str, case: Any, case_rounds: int,
+                 job: Optional[Dict[str, Any]] = None, **timeouts: float) -> None:
+        if family not in (metrics.SWITCH, metrics.ZMQ):
+            raise ValueError(f"PairedRunner runs the switch and zmq families, not {family!r}")
+        self.family = family
+        self.case = case
+        self.environments: Dict[str, Environment] = settings.ab
+        self.pairs = settings.rounds or PAIRS_PER_ROUND * case_rounds
+        request = {"family": family, "case": case.id, "cpus": list(settings.cpus) if settings.cpus else None,
+                   **(job or {})}
+        # a ZeroMQ round fails by its own deadline (10 stall timeouts, at least 120 s) before this one
+        timeouts.setdefault("round_timeout", max(ROUND_TIMEOUT, 10 * float(request.get("timeout") or 0) + 60))
+        self.workers = {s: WorkerSide(self.environments[s], request, **timeouts) for s in SIDES}
+        self.orders: List[str] = []
+        self.rounds: Dict[str, List[Dict[str, Any]]] = {s: [] for s in SIDES}
+
+    def pair(self) -> None:
+        """One pair: the two sides' rounds in the next pair's order."""
+        o = order(len(self.orders))
+        for side in o:
+            self.rounds[side].append(self.workers[side].round())
+        self.orders.append(o)
+
+    def run(self, benchmark: Any) -> Dict[str, Any]:
+        try:
+            for side in SIDES:  # one after the other: each warms up alone on the CPUs
+                self.workers[side].start()
+            benchmark.pedantic(self.pair, rounds=self.pairs, iterations=1, warmup_rounds=0)
+            sides = {s: self.workers[s].end() for s in SIDES}
+        finally:
+            for worker in self.workers.values():
+                worker.close()
+        extra = ab_extra(self.family, self.case, self.environments, sides, self.orders)
+        benchmark.extra_info.update(extra)  # the very dict pytest-benchmark saves
+        return extra
