@@ -407,10 +407,10 @@ class WorkerSide:
     def _died(self, what: str) -> ABError:
         """The worker closed its stdout: its exit and the last line it wrote to stderr."""
         assert self.child is not None
-        code = self.child.wait(self.timeouts["end"])
-        self.close()
+        self.child.wait(self.timeouts["end"])
+        self.close()  # killed if it closed its stdout but lived on
         tail = self.child.stderr_tail(1)
-        return self._error(f"its worker exited during {what} ({procs.meaning(code if code is not None else self.child.returncode)})"
+        return self._error(f"its worker exited during {what} ({procs.meaning(self.child.returncode)})"
                            + (f": {tail[0].strip()}" if tail else ""))
 
 

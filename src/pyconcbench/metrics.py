@@ -4,9 +4,10 @@ which way is better, how it is printed).
 
 Every benchmark the suite saves is stamped ``pcb_family`` (``echo``, ``ceiling``, ``switch``,
 ``zmq``, ``ab``: an interleaved A/B case of the echo, switch or ZeroMQ family, named by its
-``ab_family``; see ``pyconcbench.ab``) and ``pcb_schema`` (``SCHEMA_VERSION``) in its extra_info.  (The switch family's own
-``family`` key is the language -- python, native, go -- hence the prefix.)  Runs saved before
-the stamp existed (schema 0) are recognised by the keys they hold.  A schema newer than this
+``ab_family``; see ``pyconcbench.ab``) and ``pcb_schema`` (``SCHEMA_VERSION``) in its
+extra_info.  (The switch family's own ``family`` key is the language -- python, native, go --
+hence the prefix.)  Runs saved before the stamp existed (schema 0) are recognised by the keys
+they hold.  A schema newer than this
 code is refused: ``SchemaError``, one line.  ``check_run`` checks a whole saved run against the
 fields the report and the gate read (``RUN_FIELDS``, ``BENCHMARK_FIELDS``, ``FAMILY_FIELDS``); ``md_text``/``md_code``
 escape saved text for Markdown.  No pytest, no workload here: the report and the

@@ -51,7 +51,29 @@ class Unusable(ValueError):
     """A request the worker cannot run: an unknown family, case or request."""
 
 
-class _Switch:
+class _Side:
+    """One family's case in this worker: its runner (``micro.Runner`` or ``zmq.runner.Runner``,
+    both measuring one round per ``one_round`` and saving it as ``round_record``)."""
+
+    runner: Any
+
+    def start(self) -> None:
+        """Checks the case can run here (Unavailable: a package missing), pins, warms up."""
+        raise NotImplementedError
+
+    def end(self) -> Dict[str, Any]:
+        """The side's summary: what a normal run saves as the case's extra_info."""
+        raise NotImplementedError
+
+    def round(self) -> Dict[str, Any]:
+        self.runner.one_round()
+        return self.runner.round_record(-1)
+
+    def close(self) -> None:
+        pass
+
+
+class _Switch(_Side):
     """A switch microbenchmark: ``micro.Runner``, the calling thread pinned as in a normal run
     (for the worker's whole life: it runs this one case)."""
 
@@ -71,18 +93,11 @@ class _Switch:
             workloads.pin(self.runner.cpus[0])
         self.runner.warm_up()
 
-    def round(self) -> Dict[str, Any]:
-        self.runner.one_round()
-        return self.runner.sample_record(-1)
-
     def end(self) -> Dict[str, Any]:
         return self.runner.summary()
 
-    def close(self) -> None:
-        pass
 
-
-class _Zmq:
+class _Zmq(_Side):
     """A ZeroMQ case: ``zmq.runner.Runner`` and its session, judged by a speed gauge of this
     interpreter's own (its loop's speed is this Python's) and the parent's cache-line baseline."""
 
@@ -108,10 +123,6 @@ class _Zmq:
         self.runner.session.open()
         self.runner.warm_up()
 
-    def round(self) -> Dict[str, Any]:
-        self.runner.one_round()
-        return self.runner.round_record(-1)
-
     def end(self) -> Dict[str, Any]:
         return self.runner.extra()
 
@@ -119,7 +130,7 @@ class _Zmq:
         self.runner.session.close()
 
 
-def build(request: Any) -> Any:
+def build(request: Any) -> _Side:
     """The family's side of the case a request names; Unusable when it names none."""
     if not isinstance(request, dict) or request.get("family") not in FAMILIES:
         family = request.get("family") if isinstance(request, dict) else request

@@ -613,7 +613,7 @@ class Runner:
             "gc": "disabled while timing, as timeit does" if c.family == "python" else None,
             "cpus": list(self.cpus),
             "pinning": self.pinning(),
-            "samples": [self.sample_record(n) for n in range(len(self.samples))],
+            "samples": [self.round_record(n) for n in range(len(self.samples))],
             "noise_rule": (f"a round whose measuring thread waited for its CPU more than "
                            f"{NOISY_WAIT_SHARE:.0%} of it is "
                            + (f"measured again, up to {self.retries} times" if self.retries
@@ -641,7 +641,7 @@ class Runner:
                 extra["study_note"] = note
         return extra
 
-    def sample_record(self, n: int) -> Dict[str, Any]:
+    def round_record(self, n: int) -> Dict[str, Any]:
         """Round ``n``'s figures as saved: its sample, other processes' CPU share, why noisy."""
         return dict(self.samples[n].as_dict(), other_cpu_share=self.other_cpu[n], noisy=self.noisy[n] or None)
 
