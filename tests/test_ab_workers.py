@@ -17,6 +17,7 @@ import pytest
 
 import proctools
 from pyconcbench import ab, gate, metrics, micro, procs, report, worker
+from pyconcbench import rounds as rounds_engine
 from pyconcbench import zmq as pcbzmq
 from pyconcbench.report import ab_tables
 from pyconcbench.report.results import split
@@ -64,13 +65,14 @@ def test_a_switch_worker_answers_ready_a_round_and_its_summary():
     try:
         ready = w.start()
         assert ready["case"] == SWITCH_CASE and ready["pid"] == w.pid
-        first, second = w.round(), w.round()
+        (first, t1), (second, t2) = w.round(), w.round()
         summary = w.end()
     finally:
         w.close()
     assert w.child.returncode == procs.EXIT_OK and gone(ready["pid"])
-    for r in (first, second):
+    for r, seconds in ((first, t1), (second, t2)):
         assert r["ns_per_op"] > 0 and r["ops"] == micro.find(SWITCH_CASE).loops
+        assert seconds * 1e9 >= r["elapsed_ns"] + r["empty_ns"]  # the whole round: empty loop and workload
         assert r["ns_per_op"] == pytest.approx((r["elapsed_ns"] - r["empty_ns"]) / r["ops"], abs=1e-3)
     # the summary is what a normal run saves, of exactly the rounds answered, measured once each
     assert summary["micro"] == SWITCH_CASE and summary["rounds"] == 2
@@ -85,10 +87,11 @@ def test_a_zmq_worker_answers_a_round():
     w = ab.WorkerSide(environment("b"), zmq_request())
     try:
         w.start()
-        r = w.round()
+        r, seconds = w.round()
         summary = w.end()
     finally:
         w.close()
+    assert r["elapsed"] <= seconds < r["elapsed"] + 0.5  # the round's own time: its load, its /proc reads
     assert r["requests"] == 300 and r["requests_per_s"] > 0 and 0 < r["latency_p50_us"] <= r["latency_p99_us"]
     assert r["cpu_us_per_req"] > 0 and "noisy" in r
     assert summary["mode"] == "pyzmq_single" and summary["rounds"] == [r] and summary["noisy_rounds_rejected"] == 0
@@ -208,7 +211,7 @@ class FakeWorker:
         if len(self.samples) + 1 == self.fail_at:
             raise ab.ABError(f"A/B side {self.side.upper()}: its worker exited during round {self.fail_at}")
         self.samples.append({"ns_per_op": self.ns, "noisy": None})
-        return self.samples[-1]
+        return self.samples[-1], self.ns / 1e4  # seconds: 10 ms for 100 ns/op
 
     def end(self):
         return {"micro": SWITCH_CASE, "case": "generator_next", "ns_per_op": self.ns, "samples": self.samples}
@@ -218,17 +221,19 @@ class FakeWorker:
 
 
 class Bench:
-    """pytest-benchmark's benchmark, as far as the runner uses it."""
+    """pytest-benchmark's benchmark, as far as the runner uses it: each round timed by its
+    timer, ROUND_CLOCK (the suite's)."""
 
     def __init__(self):
         self.extra_info = {}
-        self.rounds = 0
+        self.times = []
 
     def pedantic(self, fn, rounds, iterations, warmup_rounds):
         assert (iterations, warmup_rounds) == (1, 0)
         for _ in range(rounds):
+            started = rounds_engine.ROUND_CLOCK()
             fn()
-            self.rounds += 1
+            self.times.append(rounds_engine.ROUND_CLOCK() - started)
 
 
 def paired(rounds=6, family="switch", case=SWITCH_CASE, job=None, **timeouts):
@@ -244,7 +249,9 @@ def test_pairs_alternate_abba_one_round_at_a_time_and_ns_per_op_is_b_over_a():
     bench = Bench()
     extra = runner.run(bench)
     assert log == ["start a", "start b"] + list("abbaabbaabba")
-    assert bench.rounds == 6 and extra["order"] == "ABBAABBAABBA" and bench.extra_info is not extra
+    # pytest-benchmark is handed each pair's two rounds' own time (10 ms + 11 ms), not the IPC's
+    assert bench.times == pytest.approx([0.021] * 6)
+    assert extra["order"] == "ABBAABBAABBA" and bench.extra_info is not extra
     assert bench.extra_info == extra
     assert [p["ns_per_op"] for p in extra["pairs"]] == [1.1] * 6  # B/A: B takes 10 % longer
     iv = extra["intervals"]["ns_per_op"]

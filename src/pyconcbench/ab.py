@@ -37,7 +37,7 @@ import os
 import shutil
 import subprocess
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from . import metrics, procs, stats
 
@@ -350,16 +350,23 @@ class WorkerSide:
             self.child.start()
         except procs.ChildError as exc:
             raise self._error(f"cannot start its worker: {exc}") from None
-        return self._ask(self.request, "ready", "the case's start")
+        return self._ask(self.request, "ready", "the case's start")["ready"]
 
-    def round(self) -> Dict[str, Any]:
-        """One round measured by the worker: its figures."""
+    def round(self) -> Tuple[Dict[str, Any], float]:
+        """One round measured by the worker: its figures, and its time in seconds (what a
+        normal run hands pytest-benchmark for it)."""
         self.rounds += 1
-        return self._ask({"do": "round"}, "round", f"round {self.rounds}")
+        what = f"round {self.rounds}"
+        answer = self._ask({"do": "round"}, "round", what)
+        seconds = answer.get("seconds")
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 <= seconds < math.inf:
+            self.close()
+            raise self._error(f"its worker answered {what} without its time in seconds: {seconds!r}")
+        return answer["round"], float(seconds)
 
     def end(self) -> Dict[str, Any]:
         """The side's summary (what a normal run saves for the case); the worker then exits."""
-        summary = self._ask({"do": "end"}, "end", "the end")
+        summary = self._ask({"do": "end"}, "end", "the end")["end"]
         assert self.child is not None
         code = self.child.run_to_end(self.timeouts["end"])
         self.close()
@@ -376,8 +383,8 @@ class WorkerSide:
         return ABError(f"A/B side {self.environment.side.upper()}: {text}")
 
     def _ask(self, message: Dict[str, Any], key: str, what: str) -> Dict[str, Any]:
-        """Sends ``message`` and returns its answer's ``key``; ABError (the worker killed) when it
-        answers with an error, not at all within the timeout, or dies."""
+        """Sends ``message`` and returns its answer, whose ``key`` holds an object; ABError (the
+        worker killed) when it answers with an error, not at all within the timeout, or dies."""
         assert self.child is not None
         timeout = self.timeouts[key]
         try:
@@ -402,7 +409,7 @@ class WorkerSide:
         if not isinstance(answer, dict) or not isinstance(answer.get(key), dict):
             self.close()
             raise self._error(f"its worker answered {what} with {line[:200]!r}, not its {key!r} line")
-        return answer[key]
+        return answer
 
     def _died(self, what: str) -> ABError:
         """The worker closed its stdout: its exit and the last line it wrote to stderr."""
@@ -438,18 +445,25 @@ class PairedRunner:
         self.orders: List[str] = []
         self.rounds: Dict[str, List[Dict[str, Any]]] = {s: [] for s in SIDES}
 
-    def pair(self) -> None:
-        """One pair: the two sides' rounds in the next pair's order."""
+    def pair(self) -> float:
+        """One pair: the two sides' rounds in the next pair's order; the two rounds' time."""
         o = order(len(self.orders))
+        seconds = 0.0
         for side in o:
-            self.rounds[side].append(self.workers[side].round())
+            figures, timed = self.workers[side].round()
+            self.rounds[side].append(figures)
+            seconds += timed
         self.orders.append(o)
+        return seconds
 
     def run(self, benchmark: Any) -> Dict[str, Any]:
+        from . import rounds
         try:
             for side in SIDES:  # one after the other: each warms up alone on the CPUs
                 self.workers[side].start()
-            benchmark.pedantic(self.pair, rounds=self.pairs, iterations=1, warmup_rounds=0)
+            # every pair, as ABRunner's (the interval needs them all: no early stop), each pair's
+            # time handed to pytest-benchmark through ROUND_CLOCK
+            rounds.run_rounds(benchmark.pedantic, self.pair, rounds.Plan.fixed(self.pairs), list)
             sides = {s: self.workers[s].end() for s in SIDES}
         finally:
             for worker in self.workers.values():

@@ -13,12 +13,13 @@ The protocol is JSON lines: one request on stdin, one answer on stdout, in turn.
 
     {"family": "switch"|"zmq", "case": ID, "cpus": [0, 1]|null,         -> {"ready": {...}}
      zmq: "requests": N, "timeout": S, "probe_baseline": NS|null}
-    {"do": "round"}                                                      -> {"round": {...}}
+    {"do": "round"}                                         -> {"round": {...}, "seconds": S}
     {"do": "end"}                                                        -> {"end": {...}}, exit 0
 
 ``round``: that round's figures as the family saves them per round (switch: ns_per_op, the
 sample and why it was noisy; zmq: requests_per_s, latency percentiles in µs, cpu_us_per_req,
-the probes and why it was noisy).  ``end``: the side's summary, what a normal run saves as
+the probes and why it was noisy); ``seconds``: its time as a normal run hands it to
+pytest-benchmark (the round's own measured time, ``rounds.measure_round``'s).  ``end``: the side's summary, what a normal run saves as
 the case's extra_info.  Any failure is one answer ``{"error": ONE LINE, "kind": KIND}`` and the
 exit code of its kind (``procs``): ``missing`` (a package not installed or not importable on
 this side, EXIT_MISSING), ``broken`` (our own code, EXIT_BROKEN), ``unusable`` (a request it
@@ -65,9 +66,10 @@ class _Side:
         """The side's summary: what a normal run saves as the case's extra_info."""
         raise NotImplementedError
 
-    def round(self) -> Dict[str, Any]:
-        self.runner.one_round()
-        return self.runner.round_record(-1)
+    def round(self) -> Tuple[Dict[str, Any], float]:
+        """One round, measured once: its figures and its time."""
+        seconds = self.runner.one_round()
+        return self.runner.round_record(-1), seconds
 
     def close(self) -> None:
         pass
@@ -112,7 +114,7 @@ class _Zmq(_Side):
         cpus = request.get("cpus")
         cpus = (int(cpus[0]), int(cpus[1])) if cpus else None
         try:
-            self.runner = Runner(case, requests=int(request.get("requests") or case.requests), rounds_=0, retries=0,
+            self.runner = Runner(case, requests=int(request.get("requests") or case.requests), rounds_=1, retries=0,
                                  timeout=float(request.get("timeout") or pcbzmq.DEFAULT_TIMEOUT), cpus=cpus,
                                  probe_baseline=request.get("probe_baseline"),
                                  speed=instruments.SpeedGauge(cpus).warm() if cpus else None)
@@ -183,7 +185,8 @@ def serve(requests: IO[str], answers: IO[str]) -> int:
                 return procs.EXIT_FAILED  # the parent went away mid-case
             do = request.get("do") if isinstance(request, dict) else None
             if do == "round":
-                _answer(answers, round=side.round())
+                figures, seconds = side.round()
+                _answer(answers, round=figures, seconds=seconds)
             elif do == "end":
                 _answer(answers, end=side.end())
                 return procs.EXIT_OK
