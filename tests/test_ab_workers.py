@@ -301,6 +301,7 @@ def test_a_real_switch_record_passes_the_schema_and_the_gate(switch_record):
     info = switch_record["extra_info"]
     assert metrics.check_benchmark(switch_record) is None
     assert info["pcb_family"] == "ab" and info["order"] == "ABBA" and len(info["pairs"]) == 2
+    assert info["a"]["round_plan"] == info["b"]["round_plan"] == "2 rounds" and info["a"]["rounds"] == 2
     for pair, a, b in zip(info["pairs"], info["a"]["samples"], info["b"]["samples"]):
         assert pair["ns_per_op"] == pytest.approx(b["ns_per_op"] / a["ns_per_op"], rel=1e-5)
     (change,) = gate.check_ab(switch_record, gate.parse_fail_on("ns_per_op:+200%,msgs_per_s:-5%"))
@@ -407,6 +408,7 @@ def test_an_ab_run_of_a_switch_and_a_zmq_case_saves_both_records(suite):
         for side in ab.SIDES:
             assert os.path.samefile(info[side]["environment"]["executable"], sys.executable)
         assert info["b"]["environment"]["given"] != info["a"]["environment"]["given"]
+        assert info["a"]["round_plan"] == "2 rounds"
     if "zmq" in infos:
         assert set(infos["zmq"]["intervals"]) == set(metrics.AB_PAIR_KEYS["zmq"])
 

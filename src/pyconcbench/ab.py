@@ -438,7 +438,7 @@ class PairedRunner:
         self.environments: Dict[str, Environment] = settings.ab
         self.pairs = settings.rounds or PAIRS_PER_ROUND * case_rounds
         request = {"family": family, "case": case.id, "cpus": list(settings.cpus) if settings.cpus else None,
-                   **(job or {})}
+                   "rounds": self.pairs, **(job or {})}
         # a ZeroMQ round fails by its own deadline (10 stall timeouts, at least 120 s) before this one
         timeouts.setdefault("round_timeout", max(ROUND_TIMEOUT, 10 * float(request.get("timeout") or 0) + 60))
         self.workers = {s: WorkerSide(self.environments[s], request, **timeouts) for s in SIDES}

@@ -12,6 +12,7 @@ run a slow spell hits both rounds of a pair and cancels in B/A.
 The protocol is JSON lines: one request on stdin, one answer on stdout, in turn.
 
     {"family": "switch"|"zmq", "case": ID, "cpus": [0, 1]|null,         -> {"ready": {...}}
+     "rounds": N (the pairs: what its summary's round_plan says),
      zmq: "requests": N, "timeout": S, "probe_baseline": NS|null}
     {"do": "round"}                                         -> {"round": {...}, "seconds": S}
     {"do": "end"}                                                        -> {"end": {...}}, exit 0
@@ -41,7 +42,7 @@ import signal
 import sys
 from typing import IO, Any, Dict, Optional, Tuple
 
-from . import micro, procs
+from . import micro, procs, rounds
 from . import zmq as pcbzmq
 from .broken import Broken, describe
 
@@ -86,6 +87,7 @@ class _Switch(_Side):
             raise Unusable(f"no switch microbenchmark {request.get('case')!r}") from None
         self.runner = micro.Runner(case, request.get("cpus") or None)
         self.runner.retries = 0
+        self.runner.plan = rounds.Plan.fixed(int(request.get("rounds") or case.rounds))
 
     def start(self) -> None:
         from .micro import workloads
@@ -114,7 +116,8 @@ class _Zmq(_Side):
         cpus = request.get("cpus")
         cpus = (int(cpus[0]), int(cpus[1])) if cpus else None
         try:
-            self.runner = Runner(case, requests=int(request.get("requests") or case.requests), rounds_=1, retries=0,
+            self.runner = Runner(case, requests=int(request.get("requests") or case.requests),
+                                 rounds_=int(request.get("rounds") or 1), retries=0,
                                  timeout=float(request.get("timeout") or pcbzmq.DEFAULT_TIMEOUT), cpus=cpus,
                                  probe_baseline=request.get("probe_baseline"),
                                  speed=instruments.SpeedGauge(cpus).warm() if cpus else None)
