@@ -162,6 +162,18 @@ def ab_bench(ratio=0.8, low=0.75, high=0.85, name="test_echo[uvloop_protocol-c10
                                  "environment": {"given": "venv-b", "python": "3.12.1", "env": {"X": "1"}}}}}
 
 
+def test_an_echo_record_saved_before_ab_family_is_an_echo_one():
+    # the pairs of an echo case compare what they always did; a record without ab_family reads as echo
+    assert metrics.AB_PAIR_KEYS["echo"] == {
+        "msgs_per_s": "msgs_per_s", "latency_p50": "latency_p50_us", "latency_p90": "latency_p90_us",
+        "latency_p95": "latency_p95_us", "latency_p99": "latency_p99_us",
+        "server_cpu_us_per_msg": "server_cpu_us_per_msg"}
+    old = ab_bench()
+    assert "ab_family" not in old["extra_info"] and metrics.ab_family(old["extra_info"]) == "echo"
+    assert metrics.check_benchmark(old) is None
+    assert {c.metric for c in gate.check_ab(old, gate.parse_fail_on("msgs_per_s:-10%,ns_per_op:+5%"))} == {"msgs_per_s"}
+
+
 def test_check_ab_gates_on_the_interval():
     rules = gate.parse_fail_on("msgs_per_s:-10%,latency_p99:+20%")
     changes = {c.metric: c for c in gate.check_ab(ab_bench(), rules)}

@@ -15,7 +15,8 @@ WORKLOADS = ("pyconcbench.options", "pyconcbench.loopback", "pyconcbench.ab", "p
              "pyconcbench.echo", "pyconcbench.loadgen", "pyconcbench.harness", "pyconcbench.serve",
              "pyconcbench.plain", "pyconcbench.syscalls", "pyconcbench.gate", "pyconcbench.stats",
              "pyconcbench.metrics", "pyconcbench.micro", "pyconcbench.zmq", "pyconcbench.zmq.runner",
-             "pyconcbench.cli", "pyconcbench.gobuild", "pyconcbench.broken", "pyconcbench.procs")
+             "pyconcbench.cli", "pyconcbench.gobuild", "pyconcbench.broken", "pyconcbench.procs",
+             "pyconcbench.worker")
 
 
 def _loaded_after(module: str):

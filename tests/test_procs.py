@@ -27,6 +27,25 @@ def test_ready_line_and_clean_stop_with_its_last_words():
     assert child.stop(10) == 0  # idempotent
 
 
+def test_a_line_protocol_over_its_stdin():
+    code = "import sys\nfor line in sys.stdin:\n    print(line.strip().upper(), flush=True)\n"
+    child = procs.Child([PY, "-c", code], stdin_pipe=True).start()
+    try:
+        child.write_line(b"ping")
+        assert child.read_line(10) == b"PING"
+        child.write_line(b"again")
+        assert child.read_line(10) == b"AGAIN"
+        child.send_signal(signal.SIGKILL)
+        assert child.wait(10) == -signal.SIGKILL
+        with pytest.raises(procs.ChildError, match="cannot write to"):  # its end closed: one line, no hang
+            child.write_line(b"anyone?")
+    finally:
+        child.close()
+    with procs.Child([PY, "-c", "pass"]).start() as plain:  # stdin /dev/null unless asked
+        with pytest.raises(procs.ChildError, match="no stdin pipe"):
+            plain.write_line(b"x")
+
+
 def test_exit_before_ready_gives_none_its_code_and_stderr():
     child = procs.Child([PY, "-c", "import sys; print('no luck', file=sys.stderr); sys.exit(3)"]).start()
     try:

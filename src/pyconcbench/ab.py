@@ -1,5 +1,6 @@
-"""Interleaved A/B runs of the echo workload: two environments' servers measured round by round
-in one run, on the same CPUs, by the same load generator.
+"""Interleaved A/B runs: two environments measured round by round in one run, on the same
+CPUs -- the echo family's servers by the same load generator, the switch and ZeroMQ families'
+workloads in a worker process per environment (``pyconcbench.worker``, pyperf-style).
 
 Comparing two separate runs fights the machine's drift (this kind of VM runs 1.2-1.7x slower
 for seconds at a time, and same-code runs an hour apart differ by up to 20 %).  Here every
@@ -15,7 +16,15 @@ threshold.
 
     options (--pcb-ab-a/--pcb-ab-b, PCB_AB_A/PCB_AB_B) -> Environment (resolved, described)
     echo case -> ABRunner(two servers, two LoadSessions, echo.EchoRunner each) -> extra_info
-              (family "ab": both sides' echo figures, the pairs, the intervals)
+              (family "ab", ab_family "echo": both sides' echo figures, the pairs, the intervals)
+    switch or ZeroMQ case -> PairedRunner(two WorkerSides: a worker each, started with the
+              side's interpreter and environment) -> extra_info (family "ab", ab_family
+              "switch"/"zmq": both sides' figures as a normal run saves them, the pairs, the
+              intervals)
+
+Which figures a pair compares is the gate's: ``metrics.AB_PAIR_KEYS`` per family (switch:
+ns_per_op, lower is better; zmq: requests_per_s, the latencies and the client's CPU per
+request; echo: msgs_per_s, the latencies and the server's CPU per round trip).
 
 No pytest here: the plugin's fixtures wire it.
 """
@@ -28,14 +37,11 @@ import os
 import shutil
 import subprocess
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from . import metrics, stats
+from . import metrics, procs, stats
 
 SIDES = ("a", "b")
-
-#: The per-round figures a pair compares: the gate's metric name -> the round's key.
-PAIR_METRICS = metrics.AB_PAIR_KEYS
 
 #: The interval's coverage asked for; with few pairs the exact interval cannot reach it and
 #: the coverage it has is saved and printed beside it.
@@ -170,15 +176,16 @@ def order(pair: int) -> str:
 
 
 def pair_ratios(a_rounds: Sequence[Dict[str, Any]], b_rounds: Sequence[Dict[str, Any]],
-                orders: Sequence[str]) -> List[Dict[str, Any]]:
-    """One dict per pair: its order, and B/A of every PAIR_METRICS figure both rounds have."""
+                orders: Sequence[str], family: str = metrics.ECHO) -> List[Dict[str, Any]]:
+    """One dict per pair: its order, and B/A of every figure of the family's
+    ``metrics.AB_PAIR_KEYS`` both rounds have."""
     if not len(a_rounds) == len(b_rounds) == len(orders):
         raise ValueError(f"pair_ratios: {len(a_rounds)} A rounds, {len(b_rounds)} B rounds, "
                          f"{len(orders)} orders: they must be as many")
     out = []
     for a, b, o in zip(a_rounds, b_rounds, orders):
         pair: Dict[str, Any] = {"order": o.upper()}
-        for name, key in PAIR_METRICS.items():
+        for name, key in metrics.AB_PAIR_KEYS[family].items():
             va, vb = a.get(key), b.get(key)
             if isinstance(va, (int, float)) and isinstance(vb, (int, float)) and va > 0 and vb > 0:
                 pair[name] = round(vb / va, 6)
@@ -188,11 +195,12 @@ def pair_ratios(a_rounds: Sequence[Dict[str, Any]], b_rounds: Sequence[Dict[str,
     return out
 
 
-def intervals(pairs: Sequence[Dict[str, Any]], confidence: float = CONFIDENCE) -> Dict[str, Dict[str, Any]]:
+def intervals(pairs: Sequence[Dict[str, Any]], confidence: float = CONFIDENCE,
+              family: str = metrics.ECHO) -> Dict[str, Dict[str, Any]]:
     """metric -> {ratio, low, high, confidence, pairs}: the Hodges-Lehmann B/A and its
     interval, computed on log-ratios (so B/A and A/B are symmetric) and given back as ratios."""
     out: Dict[str, Dict[str, Any]] = {}
-    for name in PAIR_METRICS:
+    for name in metrics.AB_PAIR_KEYS[family]:
         logs = [math.log(p[name]) for p in pairs if isinstance(p.get(name), (int, float)) and p[name] > 0]
         if not logs:
             continue
@@ -203,20 +211,28 @@ def intervals(pairs: Sequence[Dict[str, Any]], confidence: float = CONFIDENCE) -
     return out
 
 
-def ab_extra(case: Any, environments: Dict[str, Environment], sides: Dict[str, Dict[str, Any]],
+def case_fields(family: str, case: Any) -> Dict[str, Any]:
+    """What an A/B record says of its case, per family (the report's case column reads it)."""
+    if family == metrics.ECHO:
+        return {"impl": case.impl, "label": case.label, "connections": case.connections, "size": case.size,
+                "transport": case.transport, "malloc": case.malloc, "plain": case.plain}
+    if family == metrics.SWITCH:
+        return {"case": case.id, "op": case.op}
+    return {"case": case.id, "mode": case.mode, "size": case.size, "inflight": case.inflight,
+            "transport": case.transport, "placement": case.placement}
+
+
+def ab_extra(family: str, case: Any, environments: Dict[str, Environment], sides: Dict[str, Dict[str, Any]],
              orders: Sequence[str]) -> Dict[str, Any]:
-    """The saved record of one A/B case: both sides' echo figures, the pairs and the intervals."""
-    pairs = pair_ratios(sides["a"]["rounds"], sides["b"]["rounds"], orders)
-    ivs = intervals(pairs)
+    """The saved record of one A/B case: both sides' figures (as the family saves them), the
+    pairs and the intervals."""
+    rounds = metrics.AB_ROUNDS_KEY[family]
+    pairs = pair_ratios(sides["a"][rounds], sides["b"][rounds], orders, family)
+    ivs = intervals(pairs, family=family)
     return {
         **metrics.stamp(metrics.AB),
-        "impl": case.impl,
-        "label": case.label,
-        "connections": case.connections,
-        "size": case.size,
-        "transport": case.transport,
-        "malloc": case.malloc,
-        "plain": case.plain,
+        metrics.AB_FAMILY_KEY: family,
+        **case_fields(family, case),
         "order": "".join(o.upper() for o in orders),
         "pairs": pairs,
         "noisy_pairs": sum(1 for p in pairs if p.get("noisy")),
@@ -284,6 +300,174 @@ class ABRunner:
             rounds.run_rounds(benchmark.pedantic, pair, rounds.Plan.fixed(self.pairs), list)
             outcomes = {s: echo.EchoOutcome.from_records(self.runners[s], sessions[s].connect_seconds)
                         for s in SIDES}
-        extra = ab_extra(self.case, self.environments, {s: outcomes[s].extra for s in SIDES}, self.orders)
+        extra = ab_extra(metrics.ECHO, self.case, self.environments, {s: outcomes[s].extra for s in SIDES},
+                         self.orders)
         benchmark.extra_info.update(extra)  # the very dict pytest-benchmark saves
         return ABOutcome(outcomes, list(self.orders), extra)
+
+
+# ---- the switch and ZeroMQ families: a worker per side ------------------------------------------
+
+#: How long a worker may take to import, check the case, warm up and answer READY (a Go
+#: baseline may be built first).
+READY_TIMEOUT = 300.0
+#: How long one round may take before its worker is killed; a ZeroMQ round's own deadline
+#: (10 stall timeouts, at least 120 s) fails it first, in the worker's own words.
+ROUND_TIMEOUT = 300.0
+#: How long a worker may take to send its summary and exit.
+END_TIMEOUT = 60.0
+#: How long a worker that answered with an error may take to exit before it is killed.
+EXIT_WAIT = 5.0
+
+
+class WorkerSide:
+    """The parent's end of one side's worker: ``python -m pyconcbench.worker`` started with the
+    side's interpreter and its environment variables added (through ``procs.Child``: its own
+    process group, the parent-death signal, reaped), then asked one JSON line at a time -- the
+    case (``start``: READY once warmed up), one round at a time (``round``), the summary
+    (``end``).  Every answer has a deadline; any failure -- the worker's own one-line error, no
+    answer in time, a worker that died -- is ABError naming the side, and the worker is killed
+    and reaped then, so nothing is left behind and nothing hangs."""
+
+    def __init__(self, environment: Environment, request: Dict[str, Any], *, ready_timeout: float = READY_TIMEOUT,
+                 round_timeout: float = ROUND_TIMEOUT, end_timeout: float = END_TIMEOUT) -> None:
+        self.environment = environment
+        self.request = dict(request)
+        self.timeouts = {"ready": ready_timeout, "round": round_timeout, "end": end_timeout}
+        self.child: Optional[procs.Child] = None
+        self.rounds = 0
+
+    @property
+    def pid(self) -> Optional[int]:
+        return None if self.child is None or self.child.proc is None else self.child.pid
+
+    def start(self) -> Dict[str, Any]:
+        """Starts the worker and sends it the case; its READY answer once it has warmed up."""
+        env = dict(os.environ)
+        env.update(self.environment.env)
+        self.child = procs.Child([self.environment.python, "-m", "pyconcbench.worker"], env=env, stdin_pipe=True)
+        try:
+            self.child.start()
+        except procs.ChildError as exc:
+            raise self._error(f"cannot start its worker: {exc}") from None
+        return self._ask(self.request, "ready", "the case's start")["ready"]
+
+    def round(self) -> Tuple[Dict[str, Any], float]:
+        """One round measured by the worker: its figures, and its time in seconds (what a
+        normal run hands pytest-benchmark for it)."""
+        self.rounds += 1
+        what = f"round {self.rounds}"
+        answer = self._ask({"do": "round"}, "round", what)
+        seconds = answer.get("seconds")
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 <= seconds < math.inf:
+            self.close()
+            raise self._error(f"its worker answered {what} without its time in seconds: {seconds!r}")
+        return answer["round"], float(seconds)
+
+    def end(self) -> Dict[str, Any]:
+        """The side's summary (what a normal run saves for the case); the worker then exits."""
+        summary = self._ask({"do": "end"}, "end", "the end")["end"]
+        assert self.child is not None
+        code = self.child.run_to_end(self.timeouts["end"])
+        self.close()
+        if code != procs.EXIT_OK:
+            raise self._error(f"its worker did not exit after its summary ({procs.meaning(self.child.returncode)})")
+        return summary
+
+    def close(self) -> None:
+        """Kills the worker if it still runs and reaps it.  Idempotent."""
+        if self.child is not None:
+            self.child.close()
+
+    def _error(self, text: str) -> ABError:
+        return ABError(f"A/B side {self.environment.side.upper()}: {text}")
+
+    def _ask(self, message: Dict[str, Any], key: str, what: str) -> Dict[str, Any]:
+        """Sends ``message`` and returns its answer, whose ``key`` holds an object; ABError (the
+        worker killed) when it answers with an error, not at all within the timeout, or dies."""
+        assert self.child is not None
+        timeout = self.timeouts[key]
+        try:
+            self.child.write_line(json.dumps(message).encode())
+            line = self.child.read_line(timeout)
+        except procs.ChildError:
+            line = None
+        except TimeoutError:
+            self.close()
+            raise self._error(f"its worker did not answer {what} within {timeout:g} s (killed)") from None
+        if line is None:
+            raise self._died(what)
+        try:
+            answer = json.loads(line)
+        except ValueError:
+            answer = None
+        if isinstance(answer, dict) and "error" in answer:
+            self.child.wait(EXIT_WAIT)  # it exits at once: reaped with its own exit code
+            self.close()
+            raise self._error(str(answer["error"]) + (f" ({self.environment.python})" if answer.get("kind") == "missing"
+                                                      else ""))
+        if not isinstance(answer, dict) or not isinstance(answer.get(key), dict):
+            self.close()
+            raise self._error(f"its worker answered {what} with {line[:200]!r}, not its {key!r} line")
+        return answer
+
+    def _died(self, what: str) -> ABError:
+        """The worker closed its stdout: its exit and the last line it wrote to stderr."""
+        assert self.child is not None
+        self.child.wait(self.timeouts["end"])
+        self.close()  # killed if it closed its stdout but lived on
+        tail = self.child.stderr_tail(1)
+        return self._error(f"its worker exited during {what} ({procs.meaning(self.child.returncode)})"
+                           + (f": {tail[0].strip()}" if tail else ""))
+
+
+class PairedRunner:
+    """Runs one switch or ZeroMQ case in two workers, A's and B's, on the same CPUs (the run's
+    --pcb-cpus: each worker pins as the family does in a normal run), their rounds alternated
+    in ABBA order -- A B, B A, A B ... -- and never at once: the worker not measuring waits for
+    its next request.  Each worker checks the case and warms up before the first pair; each
+    round is measured once (no noise retries, as ABRunner's); one pytest-benchmark round is one
+    pair.  ``run`` returns the saved record (``ab_extra``)."""
+
+    def __init__(self, settings: Any, family: str, case: Any, case_rounds: int,
+                 job: Optional[Dict[str, Any]] = None, **timeouts: float) -> None:
+        if family not in (metrics.SWITCH, metrics.ZMQ):
+            raise ValueError(f"PairedRunner runs the switch and zmq families, not {family!r}")
+        self.family = family
+        self.case = case
+        self.environments: Dict[str, Environment] = settings.ab
+        self.pairs = settings.rounds or PAIRS_PER_ROUND * case_rounds
+        request = {"family": family, "case": case.id, "cpus": list(settings.cpus) if settings.cpus else None,
+                   "rounds": self.pairs, **(job or {})}
+        # a ZeroMQ round fails by its own deadline (10 stall timeouts, at least 120 s) before this one
+        timeouts.setdefault("round_timeout", max(ROUND_TIMEOUT, 10 * float(request.get("timeout") or 0) + 60))
+        self.workers = {s: WorkerSide(self.environments[s], request, **timeouts) for s in SIDES}
+        self.orders: List[str] = []
+        self.rounds: Dict[str, List[Dict[str, Any]]] = {s: [] for s in SIDES}
+
+    def pair(self) -> float:
+        """One pair: the two sides' rounds in the next pair's order; the two rounds' time."""
+        o = order(len(self.orders))
+        seconds = 0.0
+        for side in o:
+            figures, timed = self.workers[side].round()
+            self.rounds[side].append(figures)
+            seconds += timed
+        self.orders.append(o)
+        return seconds
+
+    def run(self, benchmark: Any) -> Dict[str, Any]:
+        from . import rounds
+        try:
+            for side in SIDES:  # one after the other: each warms up alone on the CPUs
+                self.workers[side].start()
+            # every pair, as ABRunner's (the interval needs them all: no early stop), each pair's
+            # time handed to pytest-benchmark through ROUND_CLOCK
+            rounds.run_rounds(benchmark.pedantic, self.pair, rounds.Plan.fixed(self.pairs), list)
+            sides = {s: self.workers[s].end() for s in SIDES}
+        finally:
+            for worker in self.workers.values():
+                worker.close()
+        extra = ab_extra(self.family, self.case, self.environments, sides, self.orders)
+        benchmark.extra_info.update(extra)  # the very dict pytest-benchmark saves
+        return extra

@@ -87,9 +87,11 @@ def parser() -> argparse.ArgumentParser:
                 "each not given here is read from its environment variable (PCB_FAIL_ON, PCB_FAIL_ALPHA, "
                 "PCB_FAIL_CORRECTION, PCB_GATE_MARKDOWN, PCB_ALLOW_MACHINE_CHANGE).")
 
-    a = sub.add_parser("ab", help="interleaved A/B run: the echo suite with A's and B's servers, round by round",
-                       description="Runs the echo benchmarks (pytest, in this project's clone) with the servers "
-                                   "of two environments alternated round by round in ABBA order, in one run on "
+    a = sub.add_parser("ab", help="interleaved A/B run: a benchmark suite in A's and B's environments, round by "
+                                  "round",
+                       description="Runs the echo benchmarks (pytest, in this project's clone; --tests for the "
+                                   "switch or ZeroMQ ones) with the servers, or the workloads' workers, of two "
+                                   "environments alternated round by round in ABBA order, in one run on "
                                    "the same CPUs: each pair of adjacent rounds gives B/A, summarised as the "
                                    "Hodges-Lehmann ratio with its exact Wilcoxon signed-rank interval. Saves the "
                                    "run (pytest-benchmark's storage) for `pyconcbench report` and `compare`. "
@@ -98,19 +100,20 @@ def parser() -> argparse.ArgumentParser:
                    help="side A (the reference): a Python executable, a venv directory or a command on PATH; "
                         "pyconcbench must be installed there")
     a.add_argument("--b", required=True, metavar="PYTHON_OR_VENV", help="side B (the one under test)")
-    a.add_argument("--a-env", metavar="NAME=VALUE,...", help="environment variables for A's servers")
-    a.add_argument("--b-env", metavar="NAME=VALUE,...", help="environment variables for B's servers")
+    a.add_argument("--a-env", metavar="NAME=VALUE,...", help="environment variables for A's servers and workers")
+    a.add_argument("--b-env", metavar="NAME=VALUE,...", help="environment variables for B's servers and workers")
     a.add_argument("--fail-on", metavar="EXPR",
                    help="gate B against A: e.g. 'msgs_per_s:-5%%,latency_p99:+20%%'; a metric fails when B/A's "
                         "whole interval is beyond its threshold")
     a.add_argument("--tests", default=AB_TESTS, metavar="PATH",
-                   help="the echo benchmarks to run. Default: %(default)s")
+                   help="the benchmarks to run: tests/bench/test_echo.py, test_switch.py or test_zmq.py (a "
+                        "worker per side for these two). Default: %(default)s")
     a.add_argument("pytest_args", nargs=argparse.REMAINDER, metavar="-- PYTEST ARGS",
                    help="passed to pytest after '--', e.g. -- --pcb-impl uvloop_protocol --pcb-conns 100")
     return p
 
 
-#: The echo benchmarks `pyconcbench ab` runs (relative to the project's clone).
+#: The benchmarks `pyconcbench ab` runs by default (relative to the project's clone).
 AB_TESTS = "tests/bench/test_echo.py"
 
 
@@ -295,7 +298,7 @@ def _finish(args: argparse.Namespace, result: gate.GateResult, new: Run, baselin
 
 
 def cmd_ab(args: argparse.Namespace) -> int:
-    """Runs pytest on the echo benchmarks with --pcb-ab-a/--pcb-ab-b (the plugin resolves and
+    """Runs pytest on the benchmarks of --tests with --pcb-ab-a/--pcb-ab-b (the plugin resolves and
     checks both environments and refuses a bad one in one line, exit 2)."""
     import subprocess
 

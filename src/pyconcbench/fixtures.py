@@ -8,6 +8,8 @@ broken included).
     ceiling_server, ceiling_bench    pyconcbench.echo.run_ceiling
     zmq_bench                        pyconcbench.zmq.runner.Runner
     switch_bench                     pyconcbench.micro.Runner
+                                     (both: pyconcbench.ab.PairedRunner, a worker per side, in an
+                                     interleaved A/B run)
 
 Registered by ``pyconcbench.plugin`` (the ``pytest11`` entry point), which holds the hooks;
 the stash keys they share are here.
@@ -31,9 +33,9 @@ CEILING_KEY = pytest.StashKey[List[Dict[str, Any]]]()
 SWITCH_KEY = pytest.StashKey[List[Dict[str, Any]]]()
 AB_KEY = pytest.StashKey[List[Dict[str, Any]]]()
 
-#: Why the other families skip in an A/B run (only the echo servers run in both environments).
-AB_ONLY_ECHO = ("not measured in an A/B run: only the echo family runs its servers in both environments "
-                "(select tests/bench/test_echo.py)")
+#: Why the load generator's ceiling skips in an A/B run: it has no environment to compare.
+AB_NOTHING_TO_COMPARE = ("not measured in an A/B run: the load generator's ceiling runs no code of either "
+                         "environment (select tests/bench/test_echo.py, test_switch.py or test_zmq.py)")
 SERVER_REPORTED_KEY = pytest.StashKey[bool]()
 CALL_FAILED_KEY = pytest.StashKey[bool]()
 
@@ -246,7 +248,7 @@ def ceiling_bench(request: pytest.FixtureRequest, benchmark: Any, ceiling_connec
 
     def run() -> Dict[str, Any]:
         if pcb_settings.ab is not None:
-            pytest.skip(AB_ONLY_ECHO)
+            pytest.skip(AB_NOTHING_TO_COMPARE)
         extra = _call(lambda: echo.run_ceiling(pcb_settings, ceiling_server, ceiling_connections,
                                                benchmark.pedantic),
                       (), (loadgen.LoadError, harness.ServerError), f"loadgen_ceiling c{ceiling_connections}: ")
@@ -260,21 +262,37 @@ def ceiling_bench(request: pytest.FixtureRequest, benchmark: Any, ceiling_connec
 
 # ---- ZeroMQ and switch ---------------------------------------------------------------------------
 
+def _ab_workers(request: pytest.FixtureRequest, benchmark: Any, settings: Settings, family: str, case: Any,
+                case_rounds: int, job: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """An interleaved A/B run of a switch or ZeroMQ case: a worker per side (ab.PairedRunner);
+    anything that goes wrong on a side, a package missing there included, is a one-line failure
+    naming the side (the comparison would be lost silently as a skip)."""
+    runner = ab.PairedRunner(settings, family, case, case_rounds, job)
+    extra = _call(lambda: runner.run(benchmark), (), (ab.ABError,), f"{case.id}: ")
+    request.config.stash[AB_KEY].append(extra)
+    return benchmark.extra_info
+
+
 @pytest.fixture
-def zmq_bench(benchmark: Any, zmq_case: Any, pcb_settings: Settings, pcb_probe_baseline: Optional[float],
-              pcb_speed_gauge: Optional[instruments.SpeedGauge], pcb_libuv_pipe: None) -> Callable[[], Dict[str, Any]]:
+def zmq_bench(request: pytest.FixtureRequest, benchmark: Any, zmq_case: Any, pcb_settings: Settings,
+              pcb_probe_baseline: Optional[float], pcb_speed_gauge: Optional[instruments.SpeedGauge],
+              pcb_libuv_pipe: None) -> Callable[[], Dict[str, Any]]:
     """Call it to run the case's measured rounds; returns the extra_info dict.  A mode whose
     package is missing is a skip; one of our own modules that does not import, or a failed
-    round, a failure (pyconcbench.zmq)."""
+    round, a failure (pyconcbench.zmq).  In an A/B run, the family "ab" record of a worker
+    per side."""
     from .zmq.runner import Runner
 
     def run() -> Dict[str, Any]:
-        if pcb_settings.ab is not None:
-            pytest.skip(AB_ONLY_ECHO)
         cpus = pcb_settings.cpus
         if cpus is None and zmq_case.placement != pcbzmq.DEFAULT_PLACEMENT:
             pytest.skip(f"pinning off (--pcb-cpus none): the {zmq_case.placement} placement needs two CPUs")
-        plan = pcb_settings.plan(options.PROFILES[pcb_settings.profile]().rounds)
+        profile_rounds = options.PROFILES[pcb_settings.profile]().rounds
+        if pcb_settings.ab is not None:
+            job = {"requests": pcb_settings.messages or zmq_case.requests, "timeout": pcb_settings.stall_timeout,
+                   "probe_baseline": pcb_probe_baseline}
+            return _ab_workers(request, benchmark, pcb_settings, "zmq", zmq_case, profile_rounds, job)
+        plan = pcb_settings.plan(profile_rounds)
         runner = Runner(zmq_case, requests=pcb_settings.messages or zmq_case.requests, rounds_=plan.most,
                         retries=pcb_settings.noise_retries, timeout=pcb_settings.stall_timeout, cpus=cpus,
                         probe_baseline=pcb_probe_baseline, speed=pcb_speed_gauge, plan=plan)
@@ -292,11 +310,12 @@ def switch_bench(request: pytest.FixtureRequest, benchmark: Any, switch_case: An
                  pcb_libuv_pipe: None) -> Callable[[], Dict[str, Any]]:
     """Call it to measure the switch microbenchmark; returns the extra_info dict (a depth case
     also carries the fit over every depth of its kind measured so far).  A missing module or
-    toolchain is a skip; Go baselines that do not build, or a failed workload, a failure."""
+    toolchain is a skip; Go baselines that do not build, or a failed workload, a failure.  In an
+    A/B run, the family "ab" record of a worker per side."""
 
     def run() -> Dict[str, Any]:
         if pcb_settings.ab is not None:
-            pytest.skip(AB_ONLY_ECHO)
+            return _ab_workers(request, benchmark, pcb_settings, "switch", switch_case, switch_case.rounds)
         runner = micro.Runner(switch_case, pcb_settings.cpus)
         # not installed, not on PATH, one CPU: a skip; the Go baselines do not build: a failure
         _call(runner.check_available, (micro.Unavailable,), (micro.Broken,), f"{switch_case.id}: ",

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from pyconcbench import stats
-from pyconcbench.metrics import AB, AB_PAIR_KEYS, METRICS, Metric, fmt_value, md_code, md_text  # noqa: F401 (gate.METRICS)
+from pyconcbench.metrics import AB, AB_PAIR_KEYS, METRICS, Metric, ab_family, fmt_value, md_code, md_text  # noqa: F401 (gate.METRICS)
 
 DEFAULT_ALPHA = 0.05
 
@@ -443,9 +443,12 @@ def ab_verdict(higher_is_better: bool, low: float, high: float, threshold: Optio
 def check_ab(bench: Dict[str, Any], rules: Sequence[Rule], marker_rules: Sequence[Rule] = (),
              own_rules: Sequence[Rule] = ()) -> List[Change]:
     """Every gated metric of one interleaved A/B case (family ``ab``): B/A's interval against
-    the threshold; no baseline run is involved.  ``own_rules``: the marker saved in the run
-    itself, applied only where it tightens (``rules_for``)."""
+    the threshold, in the metric's direction (ns_per_op: B/A above 1 is worse); no baseline run
+    is involved.  ``own_rules``: the marker saved in the run itself, applied only where it
+    tightens (``rules_for``).  Only the metrics the case's family compares pair by pair
+    (``metrics.AB_PAIR_KEYS``) are judged."""
     info = bench.get("extra_info") or {}
+    keys = AB_PAIR_KEYS.get(ab_family(info)) or {}
     ivs = info.get("intervals") or {}
     sides = {s: info.get(s) or {} for s in ("a", "b")}
     test = bench.get("name") or bench.get("fullname") or "?"
@@ -453,7 +456,7 @@ def check_ab(bench: Dict[str, Any], rules: Sequence[Rule], marker_rules: Sequenc
     ignored: List[Rule] = []
     for metric, threshold in rules_for(bench, rules, marker_rules, own_rules, ignored).items():
         iv = ivs.get(metric)
-        key = AB_PAIR_KEYS.get(metric)
+        key = keys.get(metric)
         if not isinstance(iv, dict) or key is None:
             continue
         try:

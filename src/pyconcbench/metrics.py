@@ -3,9 +3,11 @@ the reports read from it (its key in extra_info, where its per-round samples are
 which way is better, how it is printed).
 
 Every benchmark the suite saves is stamped ``pcb_family`` (``echo``, ``ceiling``, ``switch``,
-``zmq``, ``ab``: an interleaved A/B echo case, see ``pyconcbench.ab``) and ``pcb_schema`` (``SCHEMA_VERSION``) in its extra_info.  (The switch family's own
-``family`` key is the language -- python, native, go -- hence the prefix.)  Runs saved before
-the stamp existed (schema 0) are recognised by the keys they hold.  A schema newer than this
+``zmq``, ``ab``: an interleaved A/B case of the echo, switch or ZeroMQ family, named by its
+``ab_family``; see ``pyconcbench.ab``) and ``pcb_schema`` (``SCHEMA_VERSION``) in its
+extra_info.  (The switch family's own ``family`` key is the language -- python, native, go --
+hence the prefix.)  Runs saved before the stamp existed (schema 0) are recognised by the keys
+they hold.  A schema newer than this
 code is refused: ``SchemaError``, one line.  ``check_run`` checks a whole saved run against the
 fields the report and the gate read (``RUN_FIELDS``, ``BENCHMARK_FIELDS``, ``FAMILY_FIELDS``); ``md_text``/``md_code``
 escape saved text for Markdown.  No pytest, no workload here: the report and the
@@ -107,17 +109,30 @@ METRICS: Dict[str, Metric] = {m.name: m for m in (
 )}
 
 
-#: The gate's metrics an interleaved A/B case (family ``ab``) compares pair by pair: metric
-#: name -> the key of each side's per-round figure.  Saved per pair as B/A, summarised as an
-#: interval under ``intervals``.
-AB_PAIR_KEYS: Dict[str, str] = {
-    "msgs_per_s": "msgs_per_s",
-    "latency_p50": "latency_p50_us",
-    "latency_p90": "latency_p90_us",
-    "latency_p95": "latency_p95_us",
-    "latency_p99": "latency_p99_us",
-    "server_cpu_us_per_msg": "server_cpu_us_per_msg",
-}
+#: The families an interleaved A/B case can measure; its record (family ``ab``) names one
+#: under ``AB_FAMILY_KEY`` (a record saved before the key existed is an echo case).
+AB_FAMILIES = (ECHO, SWITCH, ZMQ)
+AB_FAMILY_KEY = "ab_family"
+
+
+def _pair_keys(family: str) -> Dict[str, str]:
+    return {m.name: m.sources[0][2] for m in METRICS.values() if family in m.families and m.sources[0][0]}
+
+
+#: The gate's metrics an interleaved A/B case compares pair by pair, per family: metric name ->
+#: the key of each side's per-round figure (and of its summary).  Saved per pair as B/A,
+#: summarised as an interval under ``intervals``.  Derived from METRICS: a metric gated for a
+#: family is compared in its A/B runs too (echo: msgs_per_s, the latencies, the server's CPU;
+#: zmq: requests_per_s, the latencies, the client's CPU; switch: ns_per_op).
+AB_PAIR_KEYS: Dict[str, Dict[str, str]] = {f: _pair_keys(f) for f in AB_FAMILIES}
+#: Per family, the list of a side's per-round figures in its saved summary.
+AB_ROUNDS_KEY: Dict[str, str] = {f: next(m.sources[0][1] for m in METRICS.values() if f in m.families)
+                                 for f in AB_FAMILIES}
+
+
+def ab_family(info: Dict[str, Any]) -> str:
+    """The family an A/B record measured: its ``ab_family``, echo when it has none."""
+    return info.get(AB_FAMILY_KEY) or ECHO
 
 
 def fmt_value(value: Optional[float], metric: Metric) -> str:
@@ -177,6 +192,7 @@ _ENVIRONMENT = {"given": TEXT, "executable": TEXT, "python": TEXT, "pyconcbench"
                 "libraries": MapOf(SCALAR), "env": MapOf(SCALAR)}
 _AB_SIDE = {"environment": _ENVIRONMENT, "msgs_per_s": NONNEG, **_LATENCIES, "server_cpu_us_per_msg": NUMBER,
             "rounds": ListOf(_ECHO_ROUND)}
+_ALL_PAIR_METRICS = {m: NUMBER for keys in AB_PAIR_KEYS.values() for m in keys}
 
 #: extra_info of each family: key -> kind (a kind, a nested dict, ListOf, MapOf, REQUIRED(kind)).
 FAMILY_FIELDS: Dict[str, Dict[str, Any]] = {
@@ -201,13 +217,38 @@ FAMILY_FIELDS: Dict[str, Dict[str, Any]] = {
           "study_requests_per_s": NONNEG,
           "rounds": ListOf({"requests_per_s": NONNEG, **_LATENCIES, "cpu_us_per_req": NUMBER,
                             "elapsed": NONNEG, "noisy": SCALAR})},
-    AB: {"impl": TEXT, "label": TEXT, "connections": COUNT, "size": COUNT, "transport": TEXT, "malloc": TEXT,
-         "plain": FLAG, "pairs": ListOf({"order": TEXT, "noisy": SCALAR, **{m: NUMBER for m in AB_PAIR_KEYS}}),
-         "intervals": MapOf(_INTERVAL), "a": _AB_SIDE, "b": _AB_SIDE},
+    AB: {AB_FAMILY_KEY: TEXT, "case": TEXT, "impl": TEXT, "label": TEXT, "connections": COUNT, "size": COUNT,
+         "transport": TEXT, "malloc": TEXT, "plain": FLAG,
+         "pairs": ListOf({"order": TEXT, "noisy": SCALAR, **_ALL_PAIR_METRICS}),
+         "intervals": MapOf(_INTERVAL)},
     OTHER: {},
 }
 for _fields in FAMILY_FIELDS.values():
     _fields["pcb_fail_on"] = TEXT  # a test's pcb_fail_on marker, as the plugin saved it
+
+#: Each side of an A/B record, per family: its environment and that family's figures -- echo's
+#: as the first A/B records saved them; a switch or ZeroMQ side is what a normal run saves.
+AB_SIDE_FIELDS: Dict[str, Dict[str, Any]] = {
+    ECHO: _AB_SIDE,
+    **{f: {"environment": _ENVIRONMENT, **FAMILY_FIELDS[f]} for f in (SWITCH, ZMQ)},
+}
+
+
+def _check_ab(info: Dict[str, Any]) -> Optional[Tuple[str, str]]:
+    """An A/B record's own checks beyond FAMILY_FIELDS: a family it can measure, both sides as
+    that family's, every interval an interval."""
+    fam = ab_family(info)
+    if fam not in AB_SIDE_FIELDS:
+        return f"extra_info.{AB_FAMILY_KEY}", f"expected one of {', '.join(AB_FAMILIES)}, got {_short(fam)}"
+    for side in ("a", "b"):
+        if info.get(side) is not None:
+            found = check_fields(info[side], AB_SIDE_FIELDS[fam], f"extra_info.{side}")
+            if found:
+                return found
+    for metric, iv in (info.get("intervals") or {}).items():
+        if isinstance(iv, dict) and not 0 < iv["low"] <= iv["ratio"] <= iv["high"]:
+            return f"extra_info.intervals.{metric}", "not an interval: needs 0 < low <= ratio <= high"
+    return None
 
 #: Each benchmark, around its extra_info.
 BENCHMARK_FIELDS: Dict[str, Any] = {
@@ -338,9 +379,9 @@ def check_benchmark(bench: Any) -> Optional[Tuple[str, str]]:
     if found:
         return found
     if fam == AB:
-        for metric, iv in ((info or {}).get("intervals") or {}).items():
-            if isinstance(iv, dict) and not 0 < iv["low"] <= iv["ratio"] <= iv["high"]:
-                return f"extra_info.intervals.{metric}", "not an interval: needs 0 < low <= ratio <= high"
+        found = _check_ab(info)
+        if found:
+            return found
     path = non_finite(bench, "")
     if path is not None:
         return path.lstrip("."), "not a finite number"

@@ -345,13 +345,17 @@ OPTIONS: Dict[str, Tuple[Callable[[str], Any], Optional[str], str, str]] = {
                         "fail the session, not their items", "holm|bh|none"),
     "gate-markdown": (str, None, "append the gate's Markdown summary to this file (e.g. $GITHUB_STEP_SUMMARY)",
                       "FILE"),
-    "ab-a": (str, None, "interleaved A/B run: the echo servers of side A run with this Python executable "
-             "or venv directory (the one it compares against); needs --pcb-ab-b", "PYTHON_OR_VENV"),
-    "ab-b": (str, None, "interleaved A/B run: side B's Python executable or venv directory (the one under "
-             "test); each echo case alternates A's and B's rounds (ABBA) and saves B/A with its interval",
+    "ab-a": (str, None, "interleaved A/B run: side A's echo servers, or its switch and ZeroMQ workers, run "
+             "with this Python executable or venv directory (the one it compares against); needs --pcb-ab-b",
              "PYTHON_OR_VENV"),
-    "ab-a-env": (parse_ab_env, None, "environment variables added for side A's servers: NAME=VALUE,...", "VARS"),
-    "ab-b-env": (parse_ab_env, None, "environment variables added for side B's servers: NAME=VALUE,...", "VARS"),
+    "ab-b": (str, None, "interleaved A/B run: side B's Python executable or venv directory (the one under "
+             "test); each echo, switch and ZeroMQ case alternates A's and B's rounds (ABBA) and saves B/A "
+             "with its interval",
+             "PYTHON_OR_VENV"),
+    "ab-a-env": (parse_ab_env, None, "environment variables added for side A's servers and workers: "
+                 "NAME=VALUE,...", "VARS"),
+    "ab-b-env": (parse_ab_env, None, "environment variables added for side B's servers and workers: "
+                 "NAME=VALUE,...", "VARS"),
     "strict": (parse_bool, None, "an implementation that cannot run here (a package or tool missing: an echo "
                "server, a peer, a ZeroMQ mode, a switch microbenchmark) fails with its one line instead of "
                "skipping, and the regression gate fails on benchmarks of the baseline missing from the run "

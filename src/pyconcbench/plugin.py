@@ -16,7 +16,7 @@ from . import echo, fixtures, gate_plugin, machine, micro, options, procs, round
 from . import zmq as pcbzmq
 from .fixtures import AB_KEY, CALL_FAILED_KEY, CEILING_KEY, RESULTS_KEY, SETTINGS_KEY, SWITCH_KEY
 from .options import Settings
-from .report.ab_tables import table_lines as ab_table
+from .report.ab_tables import families as ab_families, table_lines as ab_table
 from .report.echo_tables import ceiling_table, echo_table, syscall_table
 from .report.switch_tables import table as switch_table
 
@@ -222,7 +222,7 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
             terminalreporter.write_line(line)
     ab_rows = config.stash.get(AB_KEY, None)
     if ab_rows:
-        terminalreporter.write_sep("-", "pyconcbench interleaved A/B (echo)")
+        terminalreporter.write_sep("-", f"pyconcbench interleaved A/B ({', '.join(ab_families(ab_rows))})")
         for line in ab_table(ab_rows):
             terminalreporter.write_line(line)
     switch = config.stash.get(SWITCH_KEY, None)

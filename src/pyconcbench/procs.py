@@ -1,7 +1,8 @@
 """Child processes, one way for the whole suite: the server under test (harness), the plain
-reference servers, the ZeroMQ server process, the Go/Node/C peers.
+reference servers, the ZeroMQ server process, the Go/Node/C peers, the A/B workers.
 
-``Child`` starts a program with its stdout piped and stderr to a temporary file (or inherited),
+``Child`` starts a program with its stdout piped (its stdin too for a line protocol:
+``write_line``) and stderr to a temporary file (or inherited),
 in a process group of its own, with the parent-death signal armed between fork and exec (and a
 check that the parent is still there), optionally pinned to a CPU.  ``read_line`` waits for the
 ``READY`` line with a deadline; ``stop`` sends SIGTERM to the group, reads what the child prints
@@ -236,8 +237,12 @@ def _reap(pid: int, proc: subprocess.Popen, stderr: Any, tmpdir: Optional[str]) 
             proc.returncode = os.waitstatus_to_exitcode(status)
         except ChildProcessError:
             proc.returncode = -signal.SIGKILL
-    if proc.stdout is not None and not proc.stdout.closed:
-        proc.stdout.close()
+    for pipe in (proc.stdin, proc.stdout):
+        if pipe is not None and not pipe.closed:
+            try:
+                pipe.close()
+            except OSError:  # stdin: a last line it never read (BrokenPipeError on the flush)
+                pass
     if stderr is not None and not stderr.closed:
         stderr.close()
     if tmpdir is not None:
@@ -247,12 +252,13 @@ def _reap(pid: int, proc: subprocess.Popen, stderr: Any, tmpdir: Optional[str]) 
 class Child:
     """One child process.  ``cpu``: pinned there before exec (every thread inherits it);
     ``death_signal``: what it gets when this thread dies; ``capture_stderr``: to a temporary
-    file (``stderr_text``), else inherited; ``tmpdir``: a directory removed with the child."""
+    file (``stderr_text``), else inherited; ``tmpdir``: a directory removed with the child;
+    ``stdin_pipe``: its stdin a pipe for ``write_line`` (a line protocol), else /dev/null."""
 
     def __init__(self, argv: Sequence[str], *, env: Optional[Dict[str, str]] = None,
                  pass_fds: Sequence[int] = (), cpu: Optional[int] = None,
                  death_signal: int = signal.SIGTERM, capture_stderr: bool = True,
-                 tmpdir: Optional[str] = None) -> None:
+                 tmpdir: Optional[str] = None, stdin_pipe: bool = False) -> None:
         self.argv: List[str] = list(argv)
         self.env = dict(os.environ if env is None else env)
         self.env[PARENT_ENV] = str(os.getpid())
@@ -262,6 +268,7 @@ class Child:
         self.death_signal = death_signal
         self.capture_stderr = capture_stderr
         self.tmpdir = tmpdir
+        self.stdin_pipe = stdin_pipe
         self.proc: Optional[subprocess.Popen] = None
         self.out = b""  # read from its stdout, not yet consumed
         self.rusage: Any = None
@@ -293,7 +300,8 @@ class Child:
 
         self._stderr = tempfile.TemporaryFile() if self.capture_stderr else None
         try:
-            self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stdin = subprocess.PIPE if self.stdin_pipe else subprocess.DEVNULL
+            self.proc = subprocess.Popen(self.argv, stdin=stdin, stdout=subprocess.PIPE,
                                          stderr=self._stderr, env=self.env, pass_fds=self.pass_fds,
                                          preexec_fn=setup, start_new_session=True)
         except (OSError, subprocess.SubprocessError) as exc:
@@ -325,6 +333,18 @@ class Child:
                 self.out += chunk
         line, _, self.out = self.out.partition(b"\n")
         return line
+
+    def write_line(self, line: bytes) -> None:
+        """Sends ``line`` and a newline to its stdin (``stdin_pipe``); ChildError (one line) when
+        it closed its end (it exited).  The caller writes a line only after the answer to the
+        previous one (a line protocol), so the pipe never fills and this never blocks."""
+        if self.proc is None or self.proc.stdin is None:
+            raise ChildError("no stdin pipe: started without stdin_pipe")
+        try:
+            self.proc.stdin.write(line + b"\n")
+            self.proc.stdin.flush()
+        except (OSError, ValueError) as exc:  # BrokenPipeError; ValueError: closed here already
+            raise ChildError(f"cannot write to {self.argv[0]}: {exc}") from None
 
     def poll(self) -> Optional[int]:
         """Its exit code once it has exited (reaped here), else None."""

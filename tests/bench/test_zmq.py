@@ -32,10 +32,33 @@ every mode at 200 B / 1 in flight / TCP plus a few variants, ``full`` every mode
 64 KiB x 1, 10, 100 in flight x tcp, ipc.  ``--pcb-rounds``, ``--pcb-messages`` (requests per
 round), ``--pcb-cpus`` and ``--pcb-stall-timeout`` (the longest wait for a reply) apply.
 """
+import pytest
+
 
 
 def test_zmq(zmq_case, zmq_bench, pcb_settings):
     info = zmq_bench()
+    if info["pcb_family"] == "ab":
+        check_ab(info, zmq_case, pcb_settings)
+    else:
+        check(info, zmq_case, pcb_settings)
+
+
+def check_ab(info, zmq_case, pcb_settings):
+    """An interleaved A/B run (--pcb-ab-a/--pcb-ab-b: a worker per side): each side's figures as
+    a normal run's, as many rounds a side as pairs in ABBA order, and each pair's requests/s B's
+    round over A's adjacent one."""
+    a, b, pairs = info["a"], info["b"], info["pairs"]
+    check(a, zmq_case, pcb_settings)
+    check(b, zmq_case, pcb_settings)
+    assert info["ab_family"] == "zmq" and len(pairs) == len(a["rounds"]) == len(b["rounds"])
+    assert info["order"] == "".join(("AB", "BA")[i % 2] for i in range(len(pairs)))
+    for pair, ra, rb in zip(pairs, a["rounds"], b["rounds"]):
+        assert pair["requests_per_s"] == pytest.approx(rb["requests_per_s"] / ra["requests_per_s"], rel=1e-4)
+    assert info["noisy_pairs"] == sum(1 for p in pairs if p.get("noisy"))
+
+
+def check(info, zmq_case, pcb_settings):
     requests = pcb_settings.messages or zmq_case.requests
     rounds = info["rounds"]
 

@@ -399,6 +399,9 @@ class Runner:
         self.extra: Dict[str, Any] = {}
         self.go_version: Optional[str] = None
         self.helper_reports: List[Dict[str, Any]] = []  # every helper run's own report
+        #: noisy rounds measured again at most this many times (0 in an A/B worker: a slow
+        #: spell hits both rounds of a pair and cancels in B/A, see pyconcbench.ab)
+        self.retries = NOISE_RETRIES
 
     # -- availability ------------------------------------------------------------------------
 
@@ -502,8 +505,8 @@ class Runner:
     def one_round(self) -> float:
         """One measured round; returns its time (the wall time of the whole kept try, which
         pytest-benchmark is handed).  A solo case's round in which the measuring thread waited
-        for its CPU (another process took it) is measured again, up to NOISE_RETRIES times."""
-        outcome = round_engine.measure_round(self._measure, NOISE_RETRIES)
+        for its CPU (another process took it) is measured again, up to ``retries`` times."""
+        outcome = round_engine.measure_round(self._measure, self.retries)
         sample, share = outcome.kept.value
         self.samples.append(sample)
         self.other_cpu.append(share)
@@ -522,6 +525,16 @@ class Runner:
             return f"the measuring thread waited {waited:.1%} of the round for its CPU"
         return ""
 
+    @property
+    def pins_caller(self) -> bool:
+        """Whether the workload runs in the calling thread, which must be pinned: Python's;
+        C's driver, the Go process and a small-process helper pin themselves."""
+        return self.case.family == "python" and not self.case.helper
+
+    def warm_up(self) -> None:
+        """One untimed round of a tenth of the loops."""
+        self.measure(self.case.warm_loops())
+
     def run(self, pedantic: Optional[Callable[..., Any]] = None,
             rounds: Optional[int] = None, plan: Optional[round_engine.Plan] = None) -> Dict[str, Any]:
         """Checks availability, pins (Python: the calling thread, restored after), runs one
@@ -531,13 +544,11 @@ class Runner:
         self.check_available()
         self.plan = plan or round_engine.Plan.fixed(rounds or self.case.rounds)
         saved = os.sched_getaffinity(0)
-        # Python runs in the calling thread; C's driver, the Go process and a small-process
-        # helper pin themselves.
-        pin_here = self.case.family == "python" and not self.case.helper
+        pin_here = self.pins_caller
         if pin_here:
             workloads.pin(self.cpus[0])
         try:
-            self.measure(self.case.warm_loops())
+            self.warm_up()
             round_engine.run_rounds(pedantic, self.one_round, self.plan, self.clean_figures)
         finally:
             if pin_here:
@@ -602,11 +613,12 @@ class Runner:
             "gc": "disabled while timing, as timeit does" if c.family == "python" else None,
             "cpus": list(self.cpus),
             "pinning": self.pinning(),
-            "samples": [dict(s.as_dict(), other_cpu_share=o, noisy=n or None)
-                        for s, o, n in zip(self.samples, self.other_cpu, self.noisy)],
+            "samples": [self.round_record(n) for n in range(len(self.samples))],
             "noise_rule": (f"a round whose measuring thread waited for its CPU more than "
-                           f"{NOISY_WAIT_SHARE:.0%} of it is measured again, up to "
-                           f"{NOISE_RETRIES} times") if c.solo else "none (not a one-thread case)",
+                           f"{NOISY_WAIT_SHARE:.0%} of it is "
+                           + (f"measured again, up to {self.retries} times" if self.retries
+                              else "marked noisy (measured once: an interleaved A/B round)"))
+                          if c.solo else "none (not a one-thread case)",
             "noisy_rounds_rejected": len(self.rejected),
             "noisy_rounds_kept": sum(1 for n in self.noisy if n),
             "rejected_samples": [dict(s.as_dict(), noisy=why) for s, why in self.rejected],
@@ -628,6 +640,10 @@ class Runner:
             if note is not None:
                 extra["study_note"] = note
         return extra
+
+    def round_record(self, n: int) -> Dict[str, Any]:
+        """Round ``n``'s figures as saved: its sample, other processes' CPU share, why noisy."""
+        return dict(self.samples[n].as_dict(), other_cpu_share=self.other_cpu[n], noisy=self.noisy[n] or None)
 
     def forking_process(self) -> Dict[str, Any]:
         """What the process that forks is and how big: its resident size, virtual size,

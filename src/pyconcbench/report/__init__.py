@@ -18,7 +18,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from pyconcbench import stats
+from pyconcbench import metrics, stats
 from pyconcbench.metrics import md_text
 from pyconcbench.report import ab_tables, echo_tables as summary
 from pyconcbench.stats import STARVING_SHARE
@@ -421,14 +421,19 @@ def zmq_section(zmq: Sequence[Dict[str, Any]]) -> Optional[Section]:
 # ---- A/B ----------------------------------------------------------------------------------
 
 def ab_section(benches: Sequence[Dict[str, Any]]) -> Optional[Section]:
-    """Interleaved A/B echo cases: B/A per case with its interval (report.ab_tables)."""
+    """Interleaved A/B cases: B/A per case with its interval, a table per family they measured
+    (report.ab_tables)."""
     if not benches:
         return None
     infos = [b["extra_info"] for b in benches]
-    sec = Section("Interleaved A/B (echo)")
+    fams = ab_tables.families(infos)
+    sec = Section(f"Interleaved A/B ({', '.join(fams)})")
     sec.text = [f"- {line}" for line in ab_tables.environments(infos)]
-    sec.tables.append(Table("B against A, per case", list(ab_tables.HEAD), ab_tables.rows(infos), ab_tables.NOTE,
-                            right=[False] + [True] * (len(ab_tables.HEAD) - 2) + [False]))
+    for fam in fams:
+        head = ab_tables.head(fam)
+        title = "B against A, per case" + ("" if fams == [metrics.ECHO] else f" ({fam})")
+        sec.tables.append(Table(title, head, ab_tables.rows(infos, fam), ab_tables.note(fam),
+                                right=[False] + [True] * (len(head) - 2) + [False]))
     return sec
 
 

@@ -1,5 +1,6 @@
-"""The A/B table: one row per interleaved A/B echo case (family ``ab``, see pyconcbench.ab), for
-the terminal at the end of a run and for ``pyconcbench report``.  Reads saved extra_info only.
+"""The A/B tables: one row per interleaved A/B case (family ``ab``, see pyconcbench.ab), one table
+per family it measured (echo, switch, zmq: the record's ``ab_family``), for the terminal at the
+end of a run and for ``pyconcbench report``.  Reads saved extra_info only.
 """
 from __future__ import annotations
 
@@ -8,15 +9,35 @@ from typing import Any, Dict, List, Sequence, Tuple
 from pyconcbench import metrics
 from pyconcbench.report.echo_tables import size_label
 
-HEAD = ["case", "A msgs/s", "B msgs/s", "B/A msgs/s [interval]", "B/A p99 [interval]",
-        "B/A server CPU/msg [interval]", "pairs", "verdict"]
+#: Per family: the metric A, B and the verdict are given for, its unit, and the other metrics
+#: shown as B/A (column label, metric).
+COLUMNS: Dict[str, Tuple[str, str, Tuple[Tuple[str, str], ...]]] = {
+    metrics.ECHO: ("msgs_per_s", "msgs/s", (("p99", "latency_p99"), ("server CPU/msg", "server_cpu_us_per_msg"))),
+    metrics.SWITCH: ("ns_per_op", "ns/op", ()),
+    metrics.ZMQ: ("requests_per_s", "req/s", (("p99", "latency_p99"), ("client CPU/req", "cpu_us_per_req"))),
+}
 
-NOTE = ("Each case ran A's and B's servers in one run, their rounds alternated in ABBA order on the same "
-        "CPUs with the same load generator; each pair of adjacent rounds gives B/A. The ratio is the "
-        "Hodges-Lehmann estimate over the pairs, the interval the exact Wilcoxon signed-rank interval "
-        "(its coverage in %; fewer than 6 pairs cannot reach 95 %). Verdict on msgs/s: the interval "
-        "below 1 = B slower, above 1 = B faster, across 1 = no difference shown; the gate "
-        "(--fail-on) fails only where the whole interval is beyond its threshold.")
+#: What ran on each side, per family.
+_RAN = {metrics.ECHO: "A's and B's servers, by the same load generator",
+        metrics.SWITCH: "the microbenchmark in a worker process of A's and one of B's",
+        metrics.ZMQ: "the ZeroMQ loop in a worker process of A's and one of B's"}
+
+
+def head(family: str) -> List[str]:
+    primary, unit, others = COLUMNS[family]
+    return (["case", f"A {unit}", f"B {unit}", f"B/A {unit} [interval]"]
+            + [f"B/A {label} [interval]" for label, _ in others] + ["pairs", "verdict"])
+
+
+def note(family: str) -> str:
+    primary, unit, _ = COLUMNS[family]
+    better = "higher" if metrics.METRICS[primary].higher_is_better else "lower"
+    return (f"Each case ran {_RAN[family]} in one run, their rounds alternated in ABBA order on the same "
+            "CPUs; each pair of adjacent rounds gives B/A. The ratio is the Hodges-Lehmann estimate over the "
+            "pairs, the interval the exact Wilcoxon signed-rank interval (its coverage in %; fewer than 6 "
+            f"pairs cannot reach 95 %). Verdict on {unit} ({better} is better): B slower or faster when the "
+            "whole interval is on one side of 1, else no difference shown; the gate (--fail-on) fails only "
+            "where the whole interval is beyond its threshold.")
 
 
 def _ratio(iv: Dict[str, Any]) -> str:
@@ -25,21 +46,32 @@ def _ratio(iv: Dict[str, Any]) -> str:
     return f"{iv['ratio']:.3f} [{iv['low']:.3f}, {iv['high']:.3f}] {iv['confidence'] * 100:.0f}%"
 
 
-def _verdict(iv: Dict[str, Any]) -> str:
+def verdict(iv: Dict[str, Any], higher_is_better: bool = True) -> str:
+    """'B slower by 4.1 %' when the whole interval says B is worse (below 1 where higher is
+    better, above 1 where lower is), 'B faster by ...' when it says better, else no difference."""
     if not iv:
         return "-"
-    if iv["high"] < 1.0:
-        return f"B slower by {(1 - iv['ratio']) * 100:.1f} %"
-    if iv["low"] > 1.0:
-        return f"B faster by {(iv['ratio'] - 1) * 100:.1f} %"
+    below, above = iv["high"] < 1.0, iv["low"] > 1.0
+    if below or above:
+        word = "slower" if below == higher_is_better else "faster"
+        return f"B {word} by {abs(iv['ratio'] - 1) * 100:.1f} %"
     return "no difference shown"
 
 
 def case_label(info: Dict[str, Any]) -> str:
+    family = metrics.ab_family(info)
+    if family != metrics.ECHO:
+        return f"{family} {info.get('case', '?')}"
     scale = f"c{info.get('connections', '?')}-{size_label(int(info.get('size') or 0))}"
     if info.get("transport") == "unix":
         scale += "-unix"
     return f"{info.get('label') or info.get('impl', '?')} {scale}"
+
+
+def families(infos: Sequence[Dict[str, Any]]) -> List[str]:
+    """The families the records measured, in the tables' order."""
+    found = {metrics.ab_family(i) for i in infos}
+    return [f for f in COLUMNS if f in found]
 
 
 def environments(infos: Sequence[Dict[str, Any]]) -> List[str]:
@@ -52,36 +84,47 @@ def environments(infos: Sequence[Dict[str, Any]]) -> List[str]:
             text = (f"{side.upper()}: {env.get('given', '?')} = {env.get('executable') or env.get('python', '?')} "
                     f"(Python {metrics.python_label(env.get('python', '?'), env.get('python_build'), env.get('gil_enabled'))}, pyconcbench {env.get('pyconcbench', '?')}"
                     + "".join(f", {k} {v}" for k, v in sorted(libs.items()) if k in ("uvloop", "gevent", "greenlet",
-                                                                                      "tornado", "trio", "anyio"))
+                                                                                      "tornado", "trio", "anyio",
+                                                                                      "pyzmq", "aiozmq"))
                     + ")" + "".join(f" {k}={v}" for k, v in sorted((env.get("env") or {}).items())))
             if text not in out:
                 out.append(text)
     return out
 
 
-def rows(infos: Sequence[Dict[str, Any]]) -> List[List[str]]:
+def _value(value: Any, metric: str) -> str:
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return "-"
+    return f"{value:,.0f}" if metrics.METRICS[metric].unit.endswith("/s") else f"{value:,.2f}"
+
+
+def rows(infos: Sequence[Dict[str, Any]], family: str = metrics.ECHO) -> List[List[str]]:
+    """One row per record of ``family``."""
+    primary, _, others = COLUMNS[family]
+    key = metrics.AB_PAIR_KEYS[family][primary]
+    higher = metrics.METRICS[primary].higher_is_better
     out = []
-    for info in sorted(infos, key=lambda i: (i.get("transport") or "", i.get("size") or 0, i.get("connections") or 0,
-                                             i.get("label") or "")):
+    mine = [i for i in infos if metrics.ab_family(i) == family]
+    for info in sorted(mine, key=lambda i: (i.get("transport") or "", i.get("size") or 0, i.get("connections") or 0,
+                                            i.get("label") or "", i.get("case") or "")):
         ivs = info.get("intervals") or {}
         a, b = info.get("a") or {}, info.get("b") or {}
-        out.append([case_label(info), f"{a.get('msgs_per_s') or 0:,.0f}", f"{b.get('msgs_per_s') or 0:,.0f}",
-                    _ratio(ivs.get("msgs_per_s", {})), _ratio(ivs.get("latency_p99", {})),
-                    _ratio(ivs.get("server_cpu_us_per_msg", {})), str(len(info.get("pairs") or [])),
-                    _verdict(ivs.get("msgs_per_s", {}))])
+        out.append([case_label(info), _value(a.get(key), primary), _value(b.get(key), primary),
+                    _ratio(ivs.get(primary, {}))] + [_ratio(ivs.get(m, {})) for _, m in others]
+                   + [str(len(info.get("pairs") or [])), verdict(ivs.get(primary, {}), higher)])
     return out
 
 
 def table_lines(infos: Sequence[Dict[str, Any]]) -> List[str]:
-    """The terminal's fixed-width A/B table, with the environments above it."""
+    """The terminal's fixed-width A/B tables (one per family), with the environments above them."""
     if not infos:
         return []
-    body = rows(infos)
-    widths = [max(len(h), *(len(r[i]) for r in body)) for i, h in enumerate(HEAD)]
-    fmt: Tuple[str, ...] = tuple(f"{{:<{w}}}" if i == 0 or i == len(HEAD) - 1 else f"{{:>{w}}}"
-                                 for i, w in enumerate(widths))
-    lines = environments(infos) + [""]
-    lines.append("  ".join(f.format(h) for f, h in zip(fmt, HEAD)))
-    for r in body:
-        lines.append("  ".join(f.format(c) for f, c in zip(fmt, r)))
+    lines = environments(infos)
+    for family in families(infos):
+        titles, body = head(family), rows(infos, family)
+        widths = [max(len(h), *(len(r[i]) for r in body)) for i, h in enumerate(titles)]
+        fmt = tuple(f"{{:<{w}}}" if i == 0 or i == len(titles) - 1 else f"{{:>{w}}}" for i, w in enumerate(widths))
+        lines.append("")
+        lines.append("  ".join(f.format(h) for f, h in zip(fmt, titles)))
+        lines += ["  ".join(f.format(c) for f, c in zip(fmt, r)) for r in body]
     return lines

@@ -74,12 +74,20 @@ class Runner:
         """Requests/s of the clean rounds so far (what Plan.done reads)."""
         return [r.requests / r.elapsed for r, rec in zip(self.results, self.records) if not rec["noisy"]]
 
+    def warm_up(self) -> None:
+        """Unmeasured requests on the open session (at most WARMUP), the threads placed."""
+        self.session.warmup(min(WARMUP, self.requests))
+
+    def round_record(self, n: int) -> Dict[str, Any]:
+        """Round ``n``'s figures as saved: the round's own, its probes and why it was noisy."""
+        return dict(self.results[n].as_dict(), **self.records[n])
+
     def run(self, pedantic: Callable[..., Any]) -> Dict[str, Any]:
         """Opens the session, warms it up, runs the rounds through ``pedantic``
         (pytest-benchmark's ``benchmark.pedantic``); Unavailable, Broken or RoundError when it
         cannot."""
         with self.session:
-            self.session.warmup(min(WARMUP, self.requests))
+            self.warm_up()
             rounds.run_rounds(pedantic, self.one_round, self.plan, self.clean_figures)
         return self.extra()
 
@@ -87,8 +95,7 @@ class Runner:
         info: Dict[str, Any] = dict(metrics.stamp(metrics.ZMQ))
         info.update(self.session.describe())
         info.update(summarize(self.results))
-        for summary, record in zip(info["rounds"], self.records):
-            summary.update(record)
+        info["rounds"] = [self.round_record(n) for n in range(len(self.results))]
         info["probe_baseline_ns"] = _ns(self.probe_baseline)
         info["noise_cpus"] = list(self.used)
         info["noisy_rounds_kept"] = sum(1 for record in self.records if record["noisy"])
