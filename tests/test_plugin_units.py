@@ -270,6 +270,30 @@ def test_outcome_figures(fakes):
     assert info["kept"] == 1 and info["msgs_per_s"] == 4000.0  # filled in place
 
 
+def test_outcome_figures_come_from_the_clean_rounds(fakes):
+    runner = EchoRunner(settings(), EchoCase("native_epoll", 2, 64, "tcp"), FakeServer(), probe_baseline=150.0)
+    noisy = result(completed=1000, elapsed=1.0)
+    noisy.errors["reset"] = 2  # an error in a noisy round still counts
+    runner.records = [
+        RoundRecord(result(completed=1000, elapsed=0.1), server_cpu=0.05, server_user=0.3, server_sys=0.1,
+                    other_cpu=0.0, probe_before=150.0, probe_after=151.0, noisy="", attempt=0),
+        RoundRecord(noisy, server_cpu=0.5, server_user=0.3, server_sys=0.1, other_cpu=0.0, probe_before=150.0,
+                    probe_after=151.0, noisy="CPU 1 ran a fixed loop 1.80x slower than its best", attempt=1,
+                    kept=rounds.SPELL),
+    ]
+    e = EchoOutcome.from_records(runner, connect_seconds=0.004).extra
+    assert e["msgs_per_s"] == 10000.0 and e["server_cpu_us_per_msg"] == pytest.approx(50.0)  # the clean round's
+    assert e["errors"] == {"reset": 2} and len(e["rounds"]) == 2 and e["noisy_rounds_kept"] == 1
+    assert e["figures_from"] == "the 1 clean of 2 rounds"
+    line = next(x for x in summary.echo_table([row("native_epoll", 1000, 5.0, noisy_rounds_kept=1,
+                                                   figures_from=e["figures_from"])])
+                if x.startswith("native_epoll"))
+    assert "figures from the 1 clean of 2 rounds" in line
+    runner.records = runner.records[1:]  # none clean: every round's figures, and said so
+    e = EchoOutcome.from_records(runner, connect_seconds=0.004).extra
+    assert e["msgs_per_s"] == 1000.0 and e["figures_from"] == "all 1 rounds (none was clean)"
+
+
 def row(impl, rate, cpu_us, bound=False, **kw):
     r = dict(impl=impl, transport="tcp", size=64, connections=10, msgs_per_s=rate, latency_p50_us=50.0,
              latency_p99_us=100.0, server_cpu_us_per_msg=cpu_us, server_user_share=0.5,

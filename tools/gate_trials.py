@@ -1,7 +1,8 @@
 """How often does the regression gate cry wolf, and what is the smallest slowdown it catches?
 
     python tools/gate_trials.py [--reruns 10] [--slowdowns 250,500,1000,2000,4000] [--fail-on EXPR]
-    python tools/gate_trials.py --ab [--trials 20] [--slowdowns 300,500,1000] [--fail-on msgs_per_s:-2%]
+    python tools/gate_trials.py --ab [--trials 20] [--pairs 10] [--base-ns 1] [--slowdowns 300,500,1000]
+                                [--fail-on msgs_per_s:-2%]
 
 1. Runs a small echo suite ``--reruns`` times on unchanged code, saving each run, and gates
    every pair of runs against each other (both ways): any regression there is a false alarm.
@@ -57,21 +58,25 @@ def verdicts(bases, new, rules, correction="none"):
 
 
 AB_SUITE = ["tests/bench/test_echo.py", "--pcb-impl", "asyncio_protocol,uvloop_protocol", "--pcb-conns", "100",
-            "--pcb-messages", "20000", "--pcb-rounds", "10", "--pcb-reference", "none", "--pcb-malloc",
+            "--pcb-messages", "20000", "--pcb-reference", "none", "--pcb-malloc",
             "representative", "-q", "-p", "no:cacheprovider", "--benchmark-disable-gc"]
 
 
-def ab_run(storage: Path, name: str, slowdown: int) -> list:
-    """One interleaved A/B run of AB_SUITE (B slowed by ``slowdown`` ns per received chunk); its
-    benchmarks as saved."""
+def ab_run(storage: Path, name: str, slowdown: int, base: int, pairs: int) -> list:
+    """One interleaved A/B run of AB_SUITE with ``pairs`` pairs per case: both sides' servers
+    busy-wait ``base`` ns per received chunk, B ``slowdown`` ns more (the knob's own fixed cost,
+    a method call and two clock reads, is then on both sides, and B/A is the slowdown alone);
+    its benchmarks as saved."""
     storage.mkdir(parents=True, exist_ok=True)
     out = storage / f"{name}.json"
     env = dict(os.environ)
     env.pop("PCB_TEST_SLOWDOWN_NS", None)
-    cmd = [sys.executable, "-m", "pytest", *AB_SUITE, "--pcb-ab-a", sys.executable, "--pcb-ab-b", sys.executable,
-           f"--benchmark-json={out}"]
-    if slowdown:
-        cmd += ["--pcb-ab-b-env", f"PCB_TEST_SLOWDOWN_NS={slowdown}"]
+    cmd = [sys.executable, "-m", "pytest", *AB_SUITE, "--pcb-rounds", str(pairs), "--pcb-ab-a", sys.executable,
+           "--pcb-ab-b", sys.executable, f"--benchmark-json={out}"]
+    if base:
+        cmd += ["--pcb-ab-a-env", f"PCB_TEST_SLOWDOWN_NS={base}"]
+    if base or slowdown:
+        cmd += ["--pcb-ab-b-env", f"PCB_TEST_SLOWDOWN_NS={base + slowdown}"]
     done = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if done.returncode != 0:
         sys.exit(f"A/B run {name} failed:\n{done.stdout[-3000:]}")
@@ -79,25 +84,29 @@ def ab_run(storage: Path, name: str, slowdown: int) -> list:
     return json.loads(out.read_text())["benchmarks"]
 
 
-def ab_trials(trials: int, slowdowns, fail_on: str, storage: Path) -> None:
+def ab_trials(trials: int, slowdowns, fail_on: str, storage: Path, base: int = 0, pairs: int = 10) -> None:
     rules = gate.parse_fail_on(fail_on)
     rows = []
     for ns in [0] + list(slowdowns):
         flagged_runs = 0
         per_case = {}
         for t in range(trials):
-            benches = ab_run(storage, f"ab{ns}_{t:02d}", ns)
+            benches = ab_run(storage, f"ab{ns}_{t:02d}", ns, base, pairs)
             flagged = False
             for b in benches:
                 for c in gate.check_ab(b, rules):
                     per_case.setdefault(c.test, []).append(c)
                     flagged |= c.failed
             flagged_runs += flagged
+            print(f"  {'A/A' if not ns else f'B +{ns} ns'} run {t + 1}/{trials}: "
+                  f"{'flagged' if flagged else 'not flagged'}", file=sys.stderr, flush=True)
         rows.append((ns, flagged_runs, per_case))
     print(f"## A/B trials: fail-on `{fail_on}` on B/A's interval, {trials} runs per line")
     print()
-    print(f"Suite: `pytest {' '.join(AB_SUITE)} --pcb-ab-a PY --pcb-ab-b PY [--pcb-ab-b-env "
-          "PCB_TEST_SLOWDOWN_NS=N]` (10 interleaved pairs per case, both sides this Python).")
+    knob = f"PCB_TEST_SLOWDOWN_NS={base}" if base else "nothing"
+    print(f"Suite: `pytest {' '.join(AB_SUITE)} --pcb-rounds {pairs} --pcb-ab-a PY --pcb-ab-b PY` ({pairs} "
+          f"interleaved pairs per case, both sides this Python; A runs with {knob}, B with the same knob "
+          "plus the slowdown).")
     print()
     print("| B slowed by | case | median B/A msgs/s | median interval width | runs flagged (case) | runs flagged (any case) |")
     print("|---:|---|---:|---:|---:|---:|")
@@ -176,10 +185,15 @@ def main() -> int:
     p.add_argument("--report-only", action="store_true", help="gate the runs already in --storage")
     p.add_argument("--ab", action="store_true", help="interleaved A/B trials (A/A and slowed B) instead")
     p.add_argument("--trials", type=int, default=20, help="--ab: runs per line")
+    p.add_argument("--pairs", type=int, default=10, help="--ab: interleaved pairs per case")
+    p.add_argument("--base-ns", type=int, default=0,
+                   help="--ab: the knob on both sides (B gets it plus each slowdown), so that B/A is the "
+                        "slowdown alone, without the knob's own fixed cost")
     args = p.parse_args()
     if args.ab:
         fail_on = args.fail_on if args.fail_on != DEFAULT_FAIL_ON else "msgs_per_s:-2%"
-        ab_trials(args.trials, [int(s) for s in args.slowdowns.split(",") if s], fail_on, Path(args.storage))
+        ab_trials(args.trials, [int(s) for s in args.slowdowns.split(",") if s], fail_on, Path(args.storage),
+                  args.base_ns, args.pairs)
         return 0
     if args.report_only:
         runs = {Path(r.path).stem.split("_", 1)[1]: r for r in load_runs(["*/*"], args.storage)}

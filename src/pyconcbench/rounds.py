@@ -106,6 +106,8 @@ class Try(Generic[T]):
 
 #: Why a try was kept (``Outcome.kept_because``).
 CLEAN, RETRIES_SPENT, SPELL, BUDGET_SPENT = "clean", "retries spent", "still noisy after the wait", "noise budget spent"
+#: What a rejected try says instead (it was measured again).
+REJECTED = "rejected: measured again"
 
 
 @dataclass

@@ -86,7 +86,8 @@ def echo_table(rows: Iterable[Dict[str, Any]]) -> List[str]:
             if r.get("starving_connections"):
                 notes.append(f"{r['starving_connections']} starving connections")
             if r.get("noisy_rounds_kept"):
-                notes.append(f"{r['noisy_rounds_kept']} noisy rounds kept")
+                notes.append(f"figures from {r['figures_from']}" if r.get("figures_from")
+                             else f"{r['noisy_rounds_kept']} noisy rounds kept")
             if str(r.get("other_cpu_check", "ran")).startswith("unknown"):
                 notes.append("other processes' CPU unknown (/proc/stat unreadable)")
             notes += comparison_notes(r, group)
