@@ -116,6 +116,14 @@ def test_the_budget_bounds_what_noise_may_cost():
     assert budget.left() == pytest.approx(0.3, abs=0.01)
 
 
+def test_a_spell_that_outlasts_the_wait_keeps_the_try():
+    measure, calls = script(("a", "slow", 0.1), ("b", "", 0.1))
+    budget = rounds.NoiseBudget()
+    out = rounds.measure_round(measure, 3, settle=lambda limit: False, budget=budget)
+    assert (out.kept.value, out.kept_because, out.rejected, calls) == ("a", rounds.SPELL, [], [0])
+    assert budget.spent < 0.05  # the wait only: the kept try is not noise spent
+
+
 def test_the_wait_is_given_what_is_left_of_the_budget():
     waits = []
     budget = rounds.NoiseBudget(share=0.0, allowance=0.4)

@@ -124,33 +124,33 @@ def measure_round(measure: Callable[[int], Tuple[T, str, float]], retries: int,
     """Runs ``measure(attempt) -> (value, why_noisy, timed_seconds)`` until a try is clean, at
     most ``retries`` more times.  Before each new try, ``settle(limit)`` waits up to ``limit``
     seconds for the machine to be quiet and says whether it is (None: a short pause); a spell
-    that outlasts the wait ends the retries.  The rejected tries and the waits are charged to
-    ``budget`` (default: the session's ``BUDGET``); once it is spent, the try is kept."""
+    that outlasts the wait keeps the noisy try (measuring again in it would find the same).
+    The rejected tries and the waits are charged to ``budget`` (default: the session's
+    ``BUDGET``); once it is spent, a noisy try is kept."""
     budget = BUDGET if budget is None else budget
     rejected: List[Try[T]] = []
     attempt = 0
     while True:
         value, why, timed = measure(attempt)
+        kept = Try(value, why, attempt)
         if not why:
-            return Outcome(Try(value, why, attempt), rejected, timed, CLEAN)
-        because = (RETRIES_SPENT if attempt >= retries else BUDGET_SPENT if budget.left() <= 0 else "")
-        if because:
-            return Outcome(Try(value, why, attempt), rejected, timed, because)
-        rejected.append(Try(value, why, attempt))
+            return Outcome(kept, rejected, timed, CLEAN)
+        if attempt >= retries:
+            return Outcome(kept, rejected, timed, RETRIES_SPENT)
+        if budget.left() <= 0:
+            return Outcome(kept, rejected, timed, BUDGET_SPENT)
         waited_from = time.perf_counter()
         if settle is None:
             time.sleep(RETRY_PAUSE)
             quiet = True
         else:
             quiet = settle(max(0.0, min(SETTLE_SECONDS, budget.left())))
-        budget.charge(time.perf_counter() - waited_from + timed)
-        attempt += 1
+        budget.charge(time.perf_counter() - waited_from)
         if not quiet:
-            # the spell outlasted the wait: this try stands for the round, noisy
-            value, why, timed = measure(attempt)
-            if not why:
-                return Outcome(Try(value, why, attempt), rejected, timed, CLEAN)
-            return Outcome(Try(value, why, attempt), rejected, timed, SPELL)
+            return Outcome(kept, rejected, timed, SPELL)
+        budget.charge(timed)  # this try is measured again: its time went to noise
+        rejected.append(kept)
+        attempt += 1
 
 
 # ---- how many rounds --------------------------------------------------------------------------
