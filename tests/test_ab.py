@@ -275,3 +275,14 @@ def test_the_ab_command_refuses_a_missing_suite_in_one_line(tmp_path, monkeypatc
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["pyconcbench: error: tests/bench/test_echo.py not found here: run `pyconcbench ab` in the "
                    "project's clone, or pass --tests PATH"]
+
+
+def test_the_interval_is_taken_over_the_clean_pairs_when_there_are_enough():
+    clean = [{"order": "AB", "msgs_per_s": 0.95}] * 6
+    noisy = [{"order": "BA", "msgs_per_s": 0.5, "noisy": True}] * 3
+    used, words = ab.interval_pairs(clean + noisy)
+    assert used == clean and words == "the 6 clean pairs of 9"
+    assert ab.intervals(clean + noisy)["msgs_per_s"]["ratio"] == pytest.approx(0.95)  # the spells' 0.5 left out
+    used, words = ab.interval_pairs(clean[:5] + noisy)  # too few clean: every pair, said so
+    assert len(used) == 8 and words == "all 8 pairs (only 5 clean, fewer than 6)"
+    assert ab.interval_pairs(clean)[1] == "all 6 pairs (every one clean)"

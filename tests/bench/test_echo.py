@@ -75,6 +75,7 @@ def check_ab(run):
     clean = [p for p in pairs if not p.get("noisy")]
     used = clean if len(clean) >= 6 else pairs
     assert iv["low"] <= iv["ratio"] <= iv["high"] and iv["pairs"] == len(used)
-    assert extra["interval_pairs"].startswith("all" if used is pairs else f"the {len(clean)} clean pairs")
+    assert extra["interval_pairs"].startswith(f"the {len(clean)} clean pairs of" if 6 <= len(clean) < len(pairs)
+                                              else f"all {len(pairs)} pairs")
     assert all(r["kept"] != rounds_engine.REJECTED for r in a["rounds"] + b["rounds"])
     assert extra["a"]["environment"]["python"] and extra["b"]["environment"]["python"]
