@@ -393,9 +393,12 @@ def test_an_ab_run_of_a_switch_and_a_zmq_case_saves_both_records(suite):
                                         "--pcb-fail-on", "ns_per_op:+100%,requests_per_s:-50%")
     result.assert_outcomes(passed=len(ids))
     families = ", ".join(["switch", "zmq"][:len(ids)])
-    result.stdout.fnmatch_lines([f"baseline none (interleaved A/B*; fail-on *; {len(ids)} unchanged",
+    # A against itself: never a regression (2 pairs on a busy machine may still call one
+    # "improved" when the whole interval clears the wide threshold the other way)
+    result.stdout.fnmatch_lines(["baseline none (interleaved A/B*; fail-on *; *",
                                  f"*pyconcbench interleaved A/B ({families})*",
-                                 f"switch {SWITCH_CASE} *  2  *"])
+                                 f"switch {SWITCH_CASE} *  2*"])
+    assert result.ret == 0 and "regression" not in result.stdout.str().split("fail-on", 1)[1].splitlines()[0]
     data = json.loads((suite.path / "ab.json").read_text())
     assert metrics.check_run(data) is None
     infos = {b["extra_info"]["ab_family"]: b["extra_info"] for b in data["benchmarks"]}

@@ -34,7 +34,8 @@ def note(family: str) -> str:
     better = "higher" if metrics.METRICS[primary].higher_is_better else "lower"
     return (f"Each case ran {_RAN[family]} in one run, their rounds alternated in ABBA order on the same "
             "CPUs; each pair of adjacent rounds gives B/A. The ratio is the Hodges-Lehmann estimate over the "
-            "pairs, the interval the exact Wilcoxon signed-rank interval (its coverage in %; fewer than 6 "
+            "pairs (the clean ones when at least 6 are), the interval the exact Wilcoxon signed-rank interval "
+            "(its coverage in %; fewer than 6 "
             f"pairs cannot reach 95 %). Verdict on {unit} ({better} is better): B slower or faster when the "
             "whole interval is on one side of 1, else no difference shown; the gate (--fail-on) fails only "
             "where the whole interval is beyond its threshold.")
@@ -92,6 +93,14 @@ def environments(infos: Sequence[Dict[str, Any]]) -> List[str]:
     return out
 
 
+def _pairs(info: Dict[str, Any]) -> str:
+    """'12', or '12 (9 clean)' when some pair had a noisy round (the interval is then over the
+    clean ones, if there are 6: see pyconcbench.ab.interval_pairs)."""
+    pairs = info.get("pairs") or []
+    clean = sum(1 for p in pairs if isinstance(p, dict) and not p.get("noisy"))
+    return str(len(pairs)) + (f" ({clean} clean)" if clean < len(pairs) else "")
+
+
 def _value(value: Any, metric: str) -> str:
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         return "-"
@@ -111,7 +120,7 @@ def rows(infos: Sequence[Dict[str, Any]], family: str = metrics.ECHO) -> List[Li
         a, b = info.get("a") or {}, info.get("b") or {}
         out.append([case_label(info), _value(a.get(key), primary), _value(b.get(key), primary),
                     _ratio(ivs.get(primary, {}))] + [_ratio(ivs.get(m, {})) for _, m in others]
-                   + [str(len(info.get("pairs") or [])), verdict(ivs.get(primary, {}), higher)])
+                   + [_pairs(info), verdict(ivs.get(primary, {}), higher)])
     return out
 
 
