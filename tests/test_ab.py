@@ -277,12 +277,23 @@ def test_the_ab_command_refuses_a_missing_suite_in_one_line(tmp_path, monkeypatc
                    "project's clone, or pass --tests PATH"]
 
 
-def test_the_interval_is_taken_over_the_clean_pairs_when_there_are_enough():
+def test_the_interval_is_taken_over_the_pairs_outside_slow_spells_when_there_are_enough():
     clean = [{"order": "AB", "msgs_per_s": 0.95}] * 6
-    noisy = [{"order": "BA", "msgs_per_s": 0.5, "noisy": True}] * 3
-    used, words = ab.interval_pairs(clean + noisy)
-    assert used == clean and words == "the 6 clean pairs of 9"
-    assert ab.intervals(clean + noisy)["msgs_per_s"]["ratio"] == pytest.approx(0.95)  # the spells' 0.5 left out
-    used, words = ab.interval_pairs(clean[:5] + noisy)  # too few clean: every pair, said so
-    assert len(used) == 8 and words == "all 8 pairs (only 5 clean, fewer than 6)"
-    assert ab.interval_pairs(clean)[1] == "all 6 pairs (every one clean)"
+    spell = [{"order": "BA", "msgs_per_s": 0.5, "noisy": True, "spell": True}] * 3
+    busy = [{"order": "AB", "msgs_per_s": 0.95, "noisy": True}]  # other processes: kept in
+    used, words = ab.interval_pairs(clean + busy + spell)
+    assert used == clean + busy and words == "the 7 pairs of 10 outside slow spells"
+    assert ab.intervals(clean + spell)["msgs_per_s"]["ratio"] == pytest.approx(0.95)  # the spells' 0.5 left out
+    assert ab.intervals(clean + spell, every=True)["msgs_per_s"]["pairs"] == 9
+    used, words = ab.interval_pairs(clean[:5] + spell)  # too few: every pair, said so
+    assert len(used) == 8 and words == "all 8 pairs (only 5 outside slow spells, fewer than 6)"
+    assert ab.interval_pairs(clean)[1] == "all 6 pairs (none in a slow spell)"
+
+
+def test_a_pair_is_in_a_slow_spell_by_the_machine_judges_only():
+    a = [{"msgs_per_s": 100.0, "noisy": "CPU 1 ran a fixed loop 1.80x slower than its best"},
+         {"msgs_per_s": 100.0, "noisy": "other processes used 40% of a CPU"},
+         {"msgs_per_s": 100.0, "noisy": None}]
+    b = [{"msgs_per_s": 95.0}, {"msgs_per_s": 95.0}, {"msgs_per_s": 95.0, "noisy": "cache-line probe 700 ns > 300 ns"}]
+    pairs = ab.pair_ratios(a, b, ["ab", "ba", "ab"])
+    assert [(p.get("noisy"), p.get("spell")) for p in pairs] == [(True, True), (True, None), (True, True)]

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from pyconcbench import _native, gobuild, micro
+from pyconcbench.rounds import ROUND_CLOCK as round_clock
 from pyconcbench.micro import (Case, Runner, Sample, Unavailable, fit_line, golang, native,
                                smallproc, workloads)
 from pyconcbench.report.switch_tables import depth_fits, spread_between, table
@@ -440,11 +441,12 @@ def test_runner_pins_restores_and_reports(monkeypatch):
     monkeypatch.setattr(micro, "NOISY_WAIT_SHARE", 2.0)  # no retries on a busy machine
     timed = []
 
-    def pedantic(fn, rounds, iterations, warmup_rounds):  # pytest-benchmark's signature
+    def pedantic(fn, rounds, iterations, warmup_rounds):  # pytest-benchmark's, its timer ROUND_CLOCK
         assert iterations == 1 and warmup_rounds == 0
         for _ in range(rounds):
+            started = round_clock()
             fn()
-            timed.append(1)
+            timed.append(round_clock() - started)
 
     extra = Runner(case, cpus=[CPU_B, CPU_A]).run(pedantic)
     assert os.sched_getaffinity(0) == before

@@ -182,7 +182,7 @@ def test_clean_round_is_kept_and_only_its_phase_is_timed(fakes, monkeypatch):
     slow_probe = instruments.cacheline_rtt
 
     def probe(a, b, iterations=20000):
-        time.sleep(0.1)  # a probe slower than the round: it must not be in the round's time
+        time.sleep(0.5)  # a probe far slower than the round: it must not be in the round's time
         return slow_probe(a, b, iterations)
 
     monkeypatch.setattr(instruments, "cacheline_rtt", probe)
@@ -191,7 +191,7 @@ def test_clean_round_is_kept_and_only_its_phase_is_timed(fakes, monkeypatch):
     rec = runner.records[0]
     assert rec.noisy == "" and rec.server_cpu == pytest.approx(0.09) and rec.kept == rounds.CLEAN
     assert rec.other_cpu == pytest.approx(0.0)
-    assert 0.05 <= timed < 0.1  # the load phase alone: the probes and snapshots are not timed
+    assert 0.05 <= timed < 0.5  # the load phase alone: the probes and snapshots are not timed
 
 
 def test_noisy_probe_round_is_measured_again(fakes):
@@ -208,13 +208,14 @@ def test_noisy_probe_round_is_measured_again(fakes):
 def test_a_spell_longer_than_the_wait_keeps_the_try(fakes, monkeypatch):
     monkeypatch.setattr(rounds, "SETTLE_SECONDS", 0.12)
     runner = EchoRunner(settings(), EchoCase("native_epoll", 2, 64, "tcp"), FakeServer(), probe_baseline=150.0)
-    # the round noisy; the wait polls 3 times (0, 0.05, 0.1 s), all noisy: the try is kept
-    fakes["probes"] += [150.0, 650.0] + [700.0] * 3
+    # the round noisy; the wait polls about 3 times (0, 0.05, 0.1 s: fewer if a sleep overshoots
+    # on a busy machine), all noisy: the try is kept
+    fakes["probes"] += [150.0, 650.0] + [700.0] * 10
     fakes["snaps"] += snaps(0.2, 0.09)
     started = time.monotonic()
     runner.one_round(FakeSession([result()]))
     assert time.monotonic() - started < 0.5
-    assert runner.rejected == [] and fakes["probes"] == []
+    assert runner.rejected == [] and 7 <= len(fakes["probes"]) <= 9  # 1 to 3 polls, then gave up
     kept = runner.records[0]
     assert kept.attempt == 0 and kept.noisy.startswith("cache-line probe") and kept.kept == rounds.SPELL
     assert echo._round_dict(kept)["kept"] == "still noisy after the wait"

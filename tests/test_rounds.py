@@ -169,6 +169,33 @@ def test_a_pytest_benchmark_that_reads_the_clock_otherwise_is_refused():
         rounds.run_rounds(pedantic, lambda: 0.1, Plan.fixed(2), list)
 
 
+class Fixture:
+    """pytest-benchmark's fixture as far as replay reads it."""
+    disabled = False
+    has_error = False
+
+    def __init__(self, reads_per_round=2):
+        self.reads_per_round = reads_per_round
+
+    def pedantic(self, target, rounds=1, iterations=1, warmup_rounds=0):
+        for _ in range(rounds):
+            for _ in range(self.reads_per_round // 2):
+                ROUND()
+            target()
+            for _ in range(self.reads_per_round - self.reads_per_round // 2):
+                ROUND()
+
+
+def test_a_benchmark_not_timed_by_the_round_clock_is_refused_and_marked_failed():
+    fixture = Fixture(reads_per_round=0)  # its timer is not ROUND_CLOCK: it would save ~0 s rounds
+    with pytest.raises(RuntimeError, match=r"read the round clock 0 times for 2 rounds, not 4"):
+        rounds.run_rounds(fixture.pedantic, lambda: 0.1, Plan.fixed(2), list)
+    assert fixture.has_error and ROUND._script == []
+    fixture = Fixture(reads_per_round=3)
+    with pytest.raises(RuntimeError, match="not 4"):
+        rounds.run_rounds(fixture.pedantic, lambda: 0.1, Plan.fixed(2), list)
+
+
 class DisabledFixture:
     disabled = True
 
@@ -197,10 +224,17 @@ def test_replayed(benchmark):
 '''
 
 
-def test_pytest_benchmark_saves_the_measured_round_times(pytester):
+@pytest.mark.parametrize("extra", [[], ["--benchmark-cprofile=cumtime"]])
+def test_pytest_benchmark_saves_the_measured_round_times(pytester, extra):
     pytester.makepyfile(test_replay=REPLAY_TEST)
-    out = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--benchmark-json=out.json")
+    out = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--benchmark-json=out.json", *extra)
     out.assert_outcomes(passed=1)
     stats = json.loads((pytester.path / "out.json").read_text())["benchmarks"][0]["stats"]
     assert stats["rounds"] == 3
     assert (stats["min"], stats["max"], stats["median"]) == (0.25, 0.75, 0.5)
+
+
+def test_a_disabled_pytest_benchmark_runs_one_round(pytester):
+    pytester.makepyfile(test_replay=REPLAY_TEST.replace("rounds.Plan.fixed(3)", "rounds.Plan(3, 5, 0.03)")
+                        + "    assert len(list(times)) == 3  # one of the four measured\n")
+    pytester.runpytest_subprocess("-p", "no:cacheprovider", "--benchmark-disable").assert_outcomes(passed=1)

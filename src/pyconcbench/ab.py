@@ -9,7 +9,8 @@ venv: a uvloop PR build against its main, Python 3.12 against 3.13; or other env
 variables), keeps a set of connections open to each, and alternates their measured rounds in a
 balanced order -- A B, B A, A B, B A ... -- so that each pair of adjacent rounds shares the
 machine's state of the moment and any drift hits both orders equally.  Each pair gives a
-ratio B/A per metric (each round measured once: no noise retries, see ABRunner); the verdict is the Hodges-Lehmann estimate of the pairs' log-ratios with
+ratio B/A per metric (a round alone is never measured again; an echo pair with a round in a
+slow spell is, both rounds, see ABRunner); the verdict is the Hodges-Lehmann estimate of the pairs' log-ratios with
 its exact Wilcoxon signed-rank interval (``stats.paired_interval``): "B is 4.1 % slower
 [2.8 %, 5.6 %]".  The gate fails a metric only when the whole interval lies beyond its
 threshold.
@@ -191,34 +192,40 @@ def pair_ratios(a_rounds: Sequence[Dict[str, Any]], b_rounds: Sequence[Dict[str,
                 pair[name] = round(vb / va, 6)
         if a.get("noisy") or b.get("noisy"):
             pair["noisy"] = True  # kept: the judge's flag, for the reader
+        if metrics.is_spell(a.get("noisy")) or metrics.is_spell(b.get("noisy")):
+            pair["spell"] = True  # a round in the host's slow spell: left out of the interval
         out.append(pair)
     return out
 
 
-#: The interval is computed over the clean pairs (neither round found noisy by the judge) when
-#: there are at least this many, else over every pair.  A pair with a round in one of the
-#: host's slow spells carries a ratio the spell, not B, decided: measured here, adjacent rounds
-#: of the same server differ by a robust SD of 2.3-3.8 % when both are clean and 5.3-7.0 % over
-#: all rounds; the judge reads the machine around the round, never the server's figures.
+#: The interval is computed over the pairs with no round in one of the host's slow spells (the
+#: CPU-speed and cache-line judges, ``rounds.is_spell``) when there are at least this many, else
+#: over every pair.  A pair with a round in a slow spell carries a ratio the spell, not B,
+#: decided: measured here, adjacent rounds of the same server differ by a robust SD of 2.3-3.8 %
+#: when both are clean and 5.3-7.0 % over all rounds.  Those judges read probes around the
+#: round, never its figures; other processes' CPU is not one of them (its threshold scales with
+#: the round's length, so it would flag the faster side more often).  The interval over every
+#: pair is saved beside it (``intervals_all``).
 MIN_CLEAN_PAIRS = 6
 
 
 def interval_pairs(pairs: Sequence[Dict[str, Any]]) -> Tuple[List[Dict[str, Any]], str]:
     """The pairs the interval is computed over, and which they are in words."""
-    clean = [p for p in pairs if not p.get("noisy")]
+    clean = [p for p in pairs if not p.get("spell")]
     if len(clean) == len(pairs):
-        return list(pairs), f"all {len(pairs)} pairs (every one clean)"
+        return list(pairs), f"all {len(pairs)} pairs (none in a slow spell)"
     if len(clean) >= MIN_CLEAN_PAIRS:
-        return clean, f"the {len(clean)} clean pairs of {len(pairs)}"
-    return list(pairs), f"all {len(pairs)} pairs (only {len(clean)} clean, fewer than {MIN_CLEAN_PAIRS})"
+        return clean, f"the {len(clean)} pairs of {len(pairs)} outside slow spells"
+    return list(pairs), (f"all {len(pairs)} pairs (only {len(clean)} outside slow spells, "
+                         f"fewer than {MIN_CLEAN_PAIRS})")
 
 
 def intervals(pairs: Sequence[Dict[str, Any]], confidence: float = CONFIDENCE,
-              family: str = metrics.ECHO) -> Dict[str, Dict[str, Any]]:
+              family: str = metrics.ECHO, every: bool = False) -> Dict[str, Dict[str, Any]]:
     """metric -> {ratio, low, high, confidence, pairs}: the Hodges-Lehmann B/A and its
     interval, computed on log-ratios (so B/A and A/B are symmetric) and given back as ratios,
-    over ``interval_pairs(pairs)``."""
-    pairs = interval_pairs(pairs)[0]
+    over ``interval_pairs(pairs)`` (``every``: over every pair)."""
+    pairs = list(pairs) if every else interval_pairs(pairs)[0]
     out: Dict[str, Dict[str, Any]] = {}
     for name in metrics.AB_PAIR_KEYS[family]:
         logs = [math.log(p[name]) for p in pairs if isinstance(p.get(name), (int, float)) and p[name] > 0]
@@ -258,6 +265,7 @@ def ab_extra(family: str, case: Any, environments: Dict[str, Environment], sides
         "noisy_pairs": sum(1 for p in pairs if p.get("noisy")),
         "interval_pairs": interval_pairs(pairs)[1],
         "intervals": ivs,
+        "intervals_all": intervals(pairs, family=family, every=True),
         "confidence_asked": CONFIDENCE,
         "method": ("per pair of adjacent rounds B/A; Hodges-Lehmann estimate of the log-ratios with the "
                    "exact Wilcoxon signed-rank interval"),
@@ -284,7 +292,8 @@ class ABOutcome:
 class ABRunner:
     """Runs one echo case against two started servers (A's and B's), their rounds alternated in
     ABBA order.  Each side's rounds are echo.EchoRunner's (the same load spec and noise judge,
-    each round measured once); one pytest-benchmark round is one pair."""
+    no round measured again alone; a pair with a round in a slow spell measured again, both
+    rounds); one pytest-benchmark round is one pair."""
 
     def __init__(self, settings: Any, case: Any, servers: Dict[str, Any], environments: Dict[str, Environment],
                  probe_baseline: Optional[float], speed: Any = None):
@@ -296,8 +305,8 @@ class ABRunner:
         self.case = case
         self.environments = environments
         # A round alone is never measured again (that would break its pair's adjacency): a pair
-        # with a noisy round is, both rounds in the same order, once the machine is quiet
-        # (rounds.measure_round over the pair: the same waits and noise budget as any round).
+        # with a round in a slow spell is, both rounds in the same order, once the machine is
+        # quiet (rounds.measure_round over the pair: the same waits and noise budget as any round).
         self.retries = settings.noise_retries
         settings = dataclasses.replace(settings, noise_retries=0)
         self.runners = {s: echo.EchoRunner(settings, case, servers[s], probe_baseline, speed) for s in SIDES}
@@ -321,7 +330,9 @@ class ABRunner:
                     rec, noisy, timed = self.runners[side]._measure(sessions[side], attempt)
                     recs[side] = rec
                     seconds += timed
-                    why = why or (f"{side.upper()}: {noisy}" if noisy else "")
+                    # measured again only for the host's slow spells (rounds.is_spell): a
+                    # judge that could depend on the round's own length is kept as a flag
+                    why = why or (f"{side.upper()}: {noisy}" if metrics.is_spell(noisy) else "")
                 return recs, why, seconds
 
             def pair() -> float:
@@ -468,7 +479,8 @@ class PairedRunner:
     --pcb-cpus: each worker pins as the family does in a normal run), their rounds alternated
     in ABBA order -- A B, B A, A B ... -- and never at once: the worker not measuring waits for
     its next request.  Each worker checks the case and warms up before the first pair; each
-    round is measured once (no noise retries, as ABRunner's); one pytest-benchmark round is one
+    round is measured once (a worker cannot take back a round it answered; the interval leaves
+    out the pairs with a round in a slow spell, as ABRunner's); one pytest-benchmark round is one
     pair.  ``run`` returns the saved record (``ab_extra``)."""
 
     def __init__(self, settings: Any, family: str, case: Any, case_rounds: int,

@@ -135,6 +135,18 @@ def ab_family(info: Dict[str, Any]) -> str:
     return info.get(AB_FAMILY_KEY) or ECHO
 
 
+#: How the noise judges' reasons for the host's state begin (the CPU-speed gauge, the cache-line
+#: probe: a slow spell or a placement of the host, read on probes around the round, never on the
+#: round's own figures).  Other processes' CPU is not among them: its threshold scales with the
+#: round's length, so a faster server's shorter round is more easily flagged than a slower one's.
+SPELL_REASONS = ("CPU ", "cache-line probe ")
+
+
+def is_spell(reason: Any) -> bool:
+    """Whether a saved noisy round's reason is the host's state (``SPELL_REASONS``)."""
+    return isinstance(reason, str) and reason.startswith(SPELL_REASONS)
+
+
 def fmt_value(value: Optional[float], metric: Metric) -> str:
     """A metric's value with its unit, as the gate prints it."""
     if value is None:
@@ -219,8 +231,8 @@ FAMILY_FIELDS: Dict[str, Dict[str, Any]] = {
                             "elapsed": NONNEG, "noisy": SCALAR})},
     AB: {AB_FAMILY_KEY: TEXT, "case": TEXT, "impl": TEXT, "label": TEXT, "connections": COUNT, "size": COUNT,
          "transport": TEXT, "malloc": TEXT, "plain": FLAG,
-         "pairs": ListOf({"order": TEXT, "noisy": SCALAR, **_ALL_PAIR_METRICS}),
-         "intervals": MapOf(_INTERVAL)},
+         "pairs": ListOf({"order": TEXT, "noisy": SCALAR, "spell": SCALAR, **_ALL_PAIR_METRICS}),
+         "intervals": MapOf(_INTERVAL), "intervals_all": MapOf(_INTERVAL)},
     OTHER: {},
 }
 for _fields in FAMILY_FIELDS.values():

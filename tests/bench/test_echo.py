@@ -71,11 +71,13 @@ def check_ab(run):
     for pair, ra, rb in zip(pairs, a["rounds"], b["rounds"]):
         assert pair["msgs_per_s"] == pytest.approx(rb["msgs_per_s"] / ra["msgs_per_s"], rel=1e-4)
     iv = extra["intervals"]["msgs_per_s"]
-    # over the clean pairs when there are enough of them (ab.interval_pairs), else over all
-    clean = [p for p in pairs if not p.get("noisy")]
+    # over the pairs outside slow spells when there are enough of them (ab.interval_pairs),
+    # else over all; the interval over every pair beside it
+    clean = [p for p in pairs if not p.get("spell")]
     used = clean if len(clean) >= 6 else pairs
     assert iv["low"] <= iv["ratio"] <= iv["high"] and iv["pairs"] == len(used)
-    assert extra["interval_pairs"].startswith(f"the {len(clean)} clean pairs of" if 6 <= len(clean) < len(pairs)
+    assert extra["intervals_all"]["msgs_per_s"]["pairs"] == len(pairs)
+    assert extra["interval_pairs"].startswith(f"the {len(clean)} pairs of" if 6 <= len(clean) < len(pairs)
                                               else f"all {len(pairs)} pairs")
     assert all(r["kept"] != rounds_engine.REJECTED for r in a["rounds"] + b["rounds"])
     assert extra["a"]["environment"]["python"] and extra["b"]["environment"]["python"]

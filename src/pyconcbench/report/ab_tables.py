@@ -34,7 +34,8 @@ def note(family: str) -> str:
     better = "higher" if metrics.METRICS[primary].higher_is_better else "lower"
     return (f"Each case ran {_RAN[family]} in one run, their rounds alternated in ABBA order on the same "
             "CPUs; each pair of adjacent rounds gives B/A. The ratio is the Hodges-Lehmann estimate over the "
-            "pairs (the clean ones when at least 6 are), the interval the exact Wilcoxon signed-rank interval "
+            "pairs (those outside the host's slow spells when at least 6 are), the interval the exact Wilcoxon "
+            "signed-rank interval "
             "(its coverage in %; fewer than 6 "
             f"pairs cannot reach 95 %). Verdict on {unit} ({better} is better): B slower or faster when the "
             "whole interval is on one side of 1, else no difference shown; the gate (--fail-on) fails only "
@@ -94,11 +95,11 @@ def environments(infos: Sequence[Dict[str, Any]]) -> List[str]:
 
 
 def _pairs(info: Dict[str, Any]) -> str:
-    """'12', or '12 (9 clean)' when some pair had a noisy round (the interval is then over the
-    clean ones, if there are 6: see pyconcbench.ab.interval_pairs)."""
+    """'12', or '12 (3 in spells)' when some pairs had a round in a slow spell of the host (the
+    interval is then over the others, if there are 6: see pyconcbench.ab.interval_pairs)."""
     pairs = info.get("pairs") or []
-    clean = sum(1 for p in pairs if isinstance(p, dict) and not p.get("noisy"))
-    return str(len(pairs)) + (f" ({clean} clean)" if clean < len(pairs) else "")
+    spells = sum(1 for p in pairs if isinstance(p, dict) and p.get("spell"))
+    return str(len(pairs)) + (f" ({spells} in spells)" if spells else "")
 
 
 def _value(value: Any, metric: str) -> str:
