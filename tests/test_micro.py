@@ -521,7 +521,9 @@ def test_bench_module_runs_records_and_prints(pytester):
         assert by_name[name]["group"] == "depth-sweep"
         assert extra["fit_depths"] == [2, 4] and "fit_slope_ns_per_level" in extra
     call = by_name["test_switch[native-call]"]["extra_info"]
-    assert call["study_ns"] == 2.34 and len(call["samples"]) == call["rounds"] == 7
+    # the quick profile's plan: 3 to the case's 7 rounds, stopping once they agree within 3 %
+    assert call["study_ns"] == 2.34 and len(call["samples"]) == call["rounds"] and 3 <= call["rounds"] <= 7
+    assert call["round_plan"].startswith("3 to 7 rounds") and by_name["test_switch[native-call]"]["stats"]["rounds"] == call["rounds"]
 
 
 # ---- fork from a small helper process --------------------------------------------------------

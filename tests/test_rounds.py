@@ -165,7 +165,7 @@ def test_a_pytest_benchmark_that_reads_the_clock_otherwise_is_refused():
         for _ in range(rounds):
             ROUND()
             target()
-    with pytest.raises(RuntimeError, match="not twice per round"):
+    with pytest.raises(RuntimeError, match="read the round clock 2 times for 2 rounds, not 4"):
         rounds.run_rounds(pedantic, lambda: 0.1, Plan.fixed(2), list)
 
 
@@ -192,7 +192,7 @@ def test_a_benchmark_not_timed_by_the_round_clock_is_refused_and_marked_failed()
         rounds.run_rounds(fixture.pedantic, lambda: 0.1, Plan.fixed(2), list)
     assert fixture.has_error and ROUND._script == []
     fixture = Fixture(reads_per_round=3)
-    with pytest.raises(RuntimeError, match="not 4"):
+    with pytest.raises(RuntimeError, match="read the round clock 6 times for 2 rounds, not 4"):
         rounds.run_rounds(fixture.pedantic, lambda: 0.1, Plan.fixed(2), list)
 
 

@@ -56,11 +56,13 @@ class RoundClock:
 
     def __init__(self) -> None:
         self._script: List[float] = []
-        self.reads = 0  # scripted values read (replay checks them)
+        self.replaying = False
+        self.reads = 0  # reads while replaying (replay checks them)
 
     def __call__(self) -> float:
-        if self._script:
+        if self.replaying:
             self.reads += 1
+        if self._script:
             return self._script.pop()
         return time.perf_counter()
 
@@ -224,7 +226,7 @@ def replay(pedantic: Callable[..., Any], times: Sequence[float]) -> None:
         script += [float(t), 0.0]  # popped from the end: 0.0 (the start), then t (the end) of each round
     fixture = getattr(pedantic, "__self__", None)
     disabled = bool(getattr(fixture, "disabled", False))
-    ROUND_CLOCK._script, ROUND_CLOCK.reads = script, 0
+    ROUND_CLOCK._script, ROUND_CLOCK.reads, ROUND_CLOCK.replaying = script, 0, True
 
     def nothing() -> None:
         return None
@@ -232,7 +234,7 @@ def replay(pedantic: Callable[..., Any], times: Sequence[float]) -> None:
     try:
         pedantic(nothing, rounds=len(times), iterations=1, warmup_rounds=0)
     finally:
-        reads, ROUND_CLOCK._script, ROUND_CLOCK.reads = ROUND_CLOCK.reads, [], 0
+        reads, ROUND_CLOCK._script, ROUND_CLOCK.reads, ROUND_CLOCK.replaying = ROUND_CLOCK.reads, [], 0, False
     expected = 0 if disabled else 2 * len(times)
     if reads != expected:
         if fixture is not None and hasattr(fixture, "has_error"):
