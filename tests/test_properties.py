@@ -185,7 +185,8 @@ def outcome(round_counts, latencies=None):
     runner = SimpleNamespace(
         records=recs, rejected=[], case=EchoCase("native_epoll", len(round_counts[0]), 64, "tcp"),
         server=SimpleNamespace(ready={}, measured_pid=0), messages=sum(round_counts[0]),
-        settings=SimpleNamespace(pinning_note="test", noise_retries=2), probe_baseline=None, speed=None)
+        settings=SimpleNamespace(pinning_note="test", noise_retries=2), probe_baseline=None, speed=None,
+        plan=rounds.Plan.fixed(len(round_counts)))
     with mock.patch.object(instruments, "proc_status_kib", return_value=None):
         return EchoOutcome.from_records(runner, connect_seconds=0.001).extra
 
