@@ -199,7 +199,7 @@ def pair_ratios(a_rounds: Sequence[Dict[str, Any]], b_rounds: Sequence[Dict[str,
 
 
 #: The interval is computed over the pairs with no round in one of the host's slow spells (the
-#: CPU-speed and cache-line judges, ``rounds.is_spell``) when there are at least this many, else
+#: CPU-speed and cache-line judges, ``metrics.is_spell``) when there are at least this many, else
 #: over every pair.  A pair with a round in a slow spell carries a ratio the spell, not B,
 #: decided: measured here, adjacent rounds of the same server differ by a robust SD of 2.3-3.8 %
 #: when both are clean and 5.3-7.0 % over all rounds.  Those judges read probes around the
@@ -330,7 +330,7 @@ class ABRunner:
                     rec, noisy, timed = self.runners[side]._measure(sessions[side], attempt)
                     recs[side] = rec
                     seconds += timed
-                    # measured again only for the host's slow spells (rounds.is_spell): a
+                    # measured again only for the host's slow spells (metrics.is_spell): a
                     # judge that could depend on the round's own length is kept as a flag
                     why = why or (f"{side.upper()}: {noisy}" if metrics.is_spell(noisy) else "")
                 return recs, why, seconds
@@ -338,12 +338,8 @@ class ABRunner:
             def pair() -> float:
                 outcome = rounds.measure_round(measure, self.retries, settle=self.runners["a"].judge.settle)
                 for side in SIDES:
-                    rec = outcome.kept.value[side]
-                    rec.kept = outcome.kept_because
-                    self.runners[side].records.append(rec)
-                    for t in outcome.rejected:
-                        t.value[side].kept = rounds.REJECTED
-                        self.runners[side].rejected.append(t.value[side])
+                    self.runners[side].keep(outcome.kept.value[side], outcome.kept_because,
+                                            [t.value[side] for t in outcome.rejected])
                 self.rejected_pairs += len(outcome.rejected)
                 self.orders.append(order(len(self.orders)))
                 return outcome.timed

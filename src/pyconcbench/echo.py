@@ -192,12 +192,16 @@ class EchoRunner:
         try's load-phase seconds, the round's time."""
         outcome = rounds.measure_round(lambda attempt: self._measure(session, attempt),
                                        self.settings.noise_retries, settle=self.judge.settle)
-        outcome.kept.value.kept = outcome.kept_because
-        self.records.append(outcome.kept.value)
-        for t in outcome.rejected:
-            t.value.kept = rounds.REJECTED
-            self.rejected.append(t.value)
+        self.keep(outcome.kept.value, outcome.kept_because, [t.value for t in outcome.rejected])
         return outcome.timed
+
+    def keep(self, record: RoundRecord, because: str, rejected: List[RoundRecord]) -> None:
+        """Saves a round's kept try (and why it was kept) and its rejected tries."""
+        record.kept = because
+        self.records.append(record)
+        for rec in rejected:
+            rec.kept = rounds.REJECTED
+            self.rejected.append(rec)
 
     def clean_figures(self) -> List[float]:
         """msgs/s of the clean rounds so far (what Plan.done reads)."""

@@ -293,9 +293,9 @@ def zmq_bench(request: pytest.FixtureRequest, benchmark: Any, zmq_case: Any, pcb
                    "probe_baseline": pcb_probe_baseline}
             return _ab_workers(request, benchmark, pcb_settings, "zmq", zmq_case, profile_rounds, job)
         plan = pcb_settings.plan(profile_rounds)
-        runner = Runner(zmq_case, requests=pcb_settings.messages or zmq_case.requests, rounds_=plan.most,
+        runner = Runner(zmq_case, requests=pcb_settings.messages or zmq_case.requests, plan=plan,
                         retries=pcb_settings.noise_retries, timeout=pcb_settings.stall_timeout, cpus=cpus,
-                        probe_baseline=pcb_probe_baseline, speed=pcb_speed_gauge, plan=plan)
+                        probe_baseline=pcb_probe_baseline, speed=pcb_speed_gauge)
         # a package not installed or not importable here: a skip; our own module broken: a failure
         extra = _call(lambda: runner.run(benchmark.pedantic), (pcbzmq.Unavailable,),
                       (pcbzmq.RoundError, pcbzmq.Broken), f"{zmq_case.id}: ", settings=pcb_settings)

@@ -395,20 +395,21 @@ class Settings:
     sources: Dict[str, str] = field(default_factory=dict)
     agree: Optional[float] = None  # None: the profile's
 
-    def plan(self, most: int) -> Any:
+    def plan(self, most: int, profile: Optional[Profile] = None) -> Any:
         """How many rounds a case whose profile measures ``most`` runs (rounds.Plan): exactly
         --pcb-rounds when given, else from the profile's least up to ``most``, stopping once
         the clean rounds agree within --pcb-agree (the profile's by default)."""
         from . import rounds
         if self.rounds:
             return rounds.Plan.fixed(self.rounds)
-        profile = PROFILES[self.profile]()
+        profile = profile or PROFILES[self.profile]()
         agree = profile.agree if self.agree is None else self.agree
         return rounds.Plan(min(profile.least, most), most, agree)
 
     def plan_for(self, connections: int) -> Any:
         """The echo plan at ``connections`` (fewer rounds from 3,000 connections on)."""
-        return self.plan(PROFILES[self.profile]().rounds_for(connections))
+        profile = PROFILES[self.profile]()
+        return self.plan(profile.rounds_for(connections), profile)
 
 
 def env_name(name: str) -> str:

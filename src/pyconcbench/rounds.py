@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Generic, List, Optional, Sequence, Tuple, TypeVar
 
-from . import instruments, machine, metrics
+from . import instruments, machine
 
 T = TypeVar("T")
 
@@ -203,7 +203,7 @@ def run_rounds(pedantic: Optional[Callable[..., Any]], one_round: Callable[[], f
     times to pytest-benchmark through ``pedantic`` (``replay``).  Returns the rounds measured.
     With pytest-benchmark disabled (``--benchmark-disable``: a test run), one round, as
     pytest-benchmark itself runs a disabled benchmark once."""
-    if pedantic is not None and getattr(getattr(pedantic, "__self__", None), "disabled", False):
+    if pedantic is not None and _disabled(pedantic):
         plan = Plan.fixed(1)
     times: List[float] = []
     while True:
@@ -215,6 +215,16 @@ def run_rounds(pedantic: Optional[Callable[..., Any]], one_round: Callable[[], f
     return len(times)
 
 
+def _fixture(pedantic: Callable[..., Any]) -> Any:
+    """The pytest-benchmark fixture whose bound ``pedantic`` this is (None for another callable)."""
+    return getattr(pedantic, "__self__", None)
+
+
+def _disabled(pedantic: Callable[..., Any]) -> bool:
+    """Whether pytest-benchmark is disabled for it (``--benchmark-disable``)."""
+    return bool(getattr(_fixture(pedantic), "disabled", False))
+
+
 def replay(pedantic: Callable[..., Any], times: Sequence[float]) -> None:
     """Hands measured round times to pytest-benchmark: ``pedantic`` runs an empty round per
     time, and ``ROUND_CLOCK`` (its timer for every family here) reads 0 before and the round's
@@ -224,8 +234,7 @@ def replay(pedantic: Callable[..., Any], times: Sequence[float]) -> None:
     script: List[float] = []
     for t in reversed(times):
         script += [float(t), 0.0]  # popped from the end: 0.0 (the start), then t (the end) of each round
-    fixture = getattr(pedantic, "__self__", None)
-    disabled = bool(getattr(fixture, "disabled", False))
+    fixture = _fixture(pedantic)
     ROUND_CLOCK._script, ROUND_CLOCK.reads, ROUND_CLOCK.replaying = script, 0, True
 
     def nothing() -> None:
@@ -235,7 +244,7 @@ def replay(pedantic: Callable[..., Any], times: Sequence[float]) -> None:
         pedantic(nothing, rounds=len(times), iterations=1, warmup_rounds=0)
     finally:
         reads, ROUND_CLOCK._script, ROUND_CLOCK.reads, ROUND_CLOCK.replaying = ROUND_CLOCK.reads, [], 0, False
-    expected = 0 if disabled else 2 * len(times)
+    expected = 0 if _disabled(pedantic) else 2 * len(times)
     if reads != expected:
         if fixture is not None and hasattr(fixture, "has_error"):
             fixture.has_error = True  # pytest-benchmark then leaves it out of the saved run
@@ -250,11 +259,6 @@ class Probes:
 
     speed: Optional[Dict[int, float]] = None  # cpu -> fixed-loop ns now
     cacheline_ns: Optional[float] = None
-
-
-#: The machine-state judges' reasons (the CPU-speed gauge, the cache-line probe), as saved:
-#: metrics.is_spell tells them from other processes' CPU (see there).
-is_spell = metrics.is_spell
 
 
 def noise_reason(speed: Optional[instruments.SpeedGauge], speed_probes: Sequence[Any],

@@ -117,7 +117,7 @@ class _Zmq(_Side):
         cpus = (int(cpus[0]), int(cpus[1])) if cpus else None
         try:
             self.runner = Runner(case, requests=int(request.get("requests") or case.requests),
-                                 rounds_=int(request.get("rounds") or 1), retries=0,
+                                 plan=rounds.Plan.fixed(int(request.get("rounds") or 1)), retries=0,
                                  timeout=float(request.get("timeout") or pcbzmq.DEFAULT_TIMEOUT), cpus=cpus,
                                  probe_baseline=request.get("probe_baseline"),
                                  speed=instruments.SpeedGauge(cpus).warm() if cpus else None)

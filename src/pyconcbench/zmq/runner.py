@@ -23,15 +23,14 @@ WARMUP = 500
 class Runner:
     """Runs the measured rounds of one case; ``run(pedantic)`` returns the extra_info dict."""
 
-    def __init__(self, case: Case, *, requests: int, rounds_: int, retries: int, timeout: float,
+    def __init__(self, case: Case, *, requests: int, plan: rounds.Plan, retries: int, timeout: float,
                  cpus: Optional[Tuple[int, int]], probe_baseline: Optional[float],
-                 speed: Any = None, plan: Optional[rounds.Plan] = None) -> None:
+                 speed: Any = None) -> None:
         if cpus is None and case.placement != DEFAULT_PLACEMENT:
             raise ValueError(f"the {case.placement} placement needs two pinned CPUs")
         self.case = case
         self.requests = requests
-        self.rounds = rounds_
-        self.plan = plan or rounds.Plan.fixed(rounds_)  # how many rounds (rounds.Plan)
+        self.plan = plan  # how many rounds
         self.retries = retries
         self.cpus = cpus
         self.probe_baseline = probe_baseline
