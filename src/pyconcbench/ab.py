@@ -297,7 +297,7 @@ class ABRunner:
 
     def __init__(self, settings: Any, case: Any, servers: Dict[str, Any], environments: Dict[str, Environment],
                  probe_baseline: Optional[float], speed: Any = None):
-        from . import echo, loadgen
+        from . import echo, loadgen, rounds
         try:
             loadgen.ensure_fd_limit(2 * case.connections)  # a set of connections to each server
         except loadgen.FdLimitError as exc:
@@ -311,10 +311,9 @@ class ABRunner:
         settings = dataclasses.replace(settings, noise_retries=0)
         self.runners = {s: echo.EchoRunner(settings, case, servers[s], probe_baseline, speed) for s in SIDES}
         self.rejected_pairs = 0
-        profile_rounds = self.runners["a"].rounds
-        self.pairs = settings.rounds or PAIRS_PER_ROUND * profile_rounds
+        self.pairs = settings.rounds or PAIRS_PER_ROUND * self.runners["a"].plan.most
         for runner in self.runners.values():
-            runner.rounds = self.pairs
+            runner.plan = rounds.Plan.fixed(self.pairs)  # what each side's saved round_plan says
         self.orders: List[str] = []
 
     def run(self, benchmark: Any) -> ABOutcome:

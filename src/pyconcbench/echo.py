@@ -143,7 +143,6 @@ class EchoRunner:
             duration = 0.0
         self.messages = messages
         self.plan = settings.plan_for(case.connections)
-        self.rounds = self.plan.most
         address = server.address
         common = dict(
             connections=case.connections, size=case.size, messages=messages, duration=duration,

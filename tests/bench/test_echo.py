@@ -67,6 +67,7 @@ def check_ab(run):
     a, b = run.sides["a"][0].extra, run.sides["b"][0].extra
     pairs = extra["pairs"]
     assert len(pairs) == len(a["rounds"]) == len(b["rounds"]) >= 1
+    assert a["round_plan"] == b["round_plan"] == f"{len(pairs)} rounds"  # one per pair, never early
     assert extra["order"] == "".join(("AB", "BA")[i % 2] for i in range(len(pairs)))
     for pair, ra, rb in zip(pairs, a["rounds"], b["rounds"]):
         assert pair["msgs_per_s"] == pytest.approx(rb["msgs_per_s"] / ra["msgs_per_s"], rel=1e-4)
