@@ -7,6 +7,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.pyconcbench-installed
 EXTRAS ?= test,all
 BENCH_ARGS ?=
+# the benchmark suite (shipped in the package); `make test` runs it once per case, untimed
+SUITE := src/pyconcbench/suite
 TEST_ARGS ?=
 
 .PHONY: install bench compare test test-fast test-asan debug test-debug clean tox matrix report
@@ -19,11 +21,10 @@ $(STAMP): pyproject.toml setup.py $(wildcard native/*.c native/*.h native/helper
 
 install: $(STAMP)
 
-# The quick profile, saved as a baseline in .benchmarks/ and compared with the previous
-# saved run when there is one.
+# The quick profile (`pyconcbench run`: the suite shipped in the package), saved as a baseline
+# in .benchmarks/ and compared with the previous saved run when there is one.
 bench: $(STAMP)
-	$(PY) -m pytest tests/bench --pcb-profile quick --benchmark-autosave \
-	    $$(ls .benchmarks/*/*.json >/dev/null 2>&1 && echo --benchmark-compare) $(BENCH_ARGS)
+	$(VENV)/bin/pyconcbench run --profile quick $(BENCH_ARGS)
 
 # The studies' tables of the newest saved run, with plots and an HTML page.
 report: $(STAMP)
@@ -53,12 +54,12 @@ compare: $(STAMP)
 	    $$(ls -t .benchmarks/*/*.json | head -2 | tac)
 
 test: $(STAMP)
-	$(PY) -m pytest tests --benchmark-disable --pcb-messages 2000 $(TEST_ARGS)
+	$(PY) -m pytest tests $(SUITE) --benchmark-disable --pcb-messages 2000 $(TEST_ARGS)
 	$(MAKE) --no-print-directory test-asan
 
 # Unit tests only, skipping the 10k-connection tests.
 test-fast: $(STAMP)
-	$(PY) -m pytest tests --ignore=tests/bench -m "not slow" $(TEST_ARGS)
+	$(PY) -m pytest tests -m "not slow" $(TEST_ARGS)
 
 # The sanitizer pass.  The extension is built -O0 -g with AddressSanitizer and UBSan (float-cast
 # overflow included, every finding fatal: PCB_DEBUG=1 in setup.py) into a copy of the package in

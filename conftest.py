@@ -56,9 +56,9 @@ def no_leaks(request):
 def fresh_noise_budget(request, monkeypatch):
     """Each unit test gets its own noise budget (pyconcbench.rounds.BUDGET): the session's is
     spent by the benchmark runs before it on a noisy host, and a spent budget turns every retry
-    a test expects into 'noise budget spent'.  The benchmark suite (tests/bench) keeps the
+    a test expects into 'noise budget spent'.  The benchmark suite (pyconcbench/suite) keeps the
     session's, as a real run does."""
-    if "bench" in request.node.path.parts:
+    if "suite" in request.node.path.parts:
         yield
         return
     from pyconcbench import rounds

@@ -269,12 +269,12 @@ def test_options_need_both_sides_and_name_the_bad_one(monkeypatch):
     assert math.isfinite(s.fail_alpha) and s.fail_correction == "holm"
 
 
-def test_the_ab_command_refuses_a_missing_suite_in_one_line(tmp_path, monkeypatch, capsys):
+def test_the_ab_command_refuses_a_missing_test_file_in_one_line(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    assert cli.main(["ab", "--a", sys.executable, "--b", sys.executable]) == 2
+    assert cli.main(["ab", "--a", sys.executable, "--b", sys.executable, "--tests", "nosuch/test_x.py"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["pyconcbench: error: tests/bench/test_echo.py not found here: run `pyconcbench ab` in the "
-                   "project's clone, or pass --tests PATH"]
+    assert err == ["pyconcbench: error: --tests nosuch/test_x.py: no such file (a family: echo, switch, zmq, "
+                   "ceiling, or a path to a test file)"]
 
 
 def test_the_interval_is_taken_over_the_pairs_outside_slow_spells_when_there_are_enough():

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from pyconcbench import servers
+from pyconcbench import suite
 
-ECHO_TEST = (Path(__file__).parent / "bench" / "test_echo.py").read_text()
+ECHO_TEST = (Path(suite.SUITE_DIR) / "test_echo.py").read_text()
 CASE = ["--pcb-impl", "asyncio_protocol", "--pcb-conns", "10", "--pcb-messages", "10000", "--pcb-rounds", "7",
         "-p", "no:cacheprovider"]
 

@@ -12,8 +12,9 @@ import pathlib
 import pytest
 
 from proctools import alive, children, cmdline, group, wait_for
+from pyconcbench import suite
 
-BENCH_DIR = pathlib.Path(__file__).parent / "bench"
+BENCH_DIR = pathlib.Path(suite.SUITE_DIR)
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL],

@@ -5,8 +5,9 @@ import statistics
 import pathlib
 
 import pytest
+from pyconcbench import suite
 
-BENCH_DIR = pathlib.Path(__file__).parent / "bench"
+BENCH_DIR = pathlib.Path(suite.SUITE_DIR)
 
 
 @pytest.fixture

@@ -8,8 +8,9 @@ passes whether or not the suite runs with CI set."""
 import pathlib
 
 import pytest
+from pyconcbench import suite
 
-BENCH_DIR = pathlib.Path(__file__).parent / "bench"
+BENCH_DIR = pathlib.Path(suite.SUITE_DIR)
 
 #: node_net's peer needs `node` on PATH: without it the server exits 3, "not available here".
 NO_NODE = "import os\nos.environ['PATH'] = '/nonexistent-pcb-path'\n"

@@ -18,8 +18,9 @@ from proctools import alive, group
 from skipping import zmq_unavailable
 from pyconcbench import zmq as pcbzmq
 from pyconcbench.zmq import Fault, RoundError, RoundResult, Session, Unavailable, run_round
+from pyconcbench import suite
 
-BENCH_DIR = pathlib.Path(__file__).parent / "bench"
+BENCH_DIR = pathlib.Path(suite.SUITE_DIR)
 TWO_CPUS = len(os.sched_getaffinity(0)) >= 2
 #: How much later than its timeout a round may end: the watchdog's and the waits' slices are
 #: tens of ms, the rest is room for a loaded shared machine (a descheduled test must not fail),

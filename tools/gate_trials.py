@@ -29,10 +29,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pyconcbench import gate
+from pyconcbench import gate, suite
 from pyconcbench.report.results import load_runs
 
-SUITE = ["tests/bench/test_echo.py", "--pcb-impl", "asyncio_protocol,uvloop_protocol",
+SUITE = [suite.path("echo"), "--pcb-impl", "asyncio_protocol,uvloop_protocol",
          "--pcb-conns", "10,100", "--pcb-messages", "20000", "-q", "-p", "no:cacheprovider",
          "--benchmark-disable-gc"]
 
@@ -57,7 +57,7 @@ def verdicts(bases, new, rules, correction="none"):
     return gate.correct(res, correction).changes
 
 
-AB_SUITE = ["tests/bench/test_echo.py", "--pcb-impl", "asyncio_protocol,uvloop_protocol", "--pcb-conns", "100",
+AB_SUITE = [suite.path("echo"), "--pcb-impl", "asyncio_protocol,uvloop_protocol", "--pcb-conns", "100",
             "--pcb-messages", "20000", "--pcb-reference", "none", "--pcb-malloc",
             "representative", "-q", "-p", "no:cacheprovider", "--benchmark-disable-gc"]
 

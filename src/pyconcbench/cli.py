@@ -1,5 +1,6 @@
-"""``pyconcbench``: reports and the offline regression gate over saved pytest-benchmark runs.
+"""``pyconcbench``: the suite, reports and the offline regression gate over saved runs.
 
+    pyconcbench run [--profile quick|full] [--family echo,switch,zmq,ceiling] [--no-save] [PYTEST ARGS]
     pyconcbench report [RUN ...] [--png DIR] [--html FILE] [--by-python]
     pyconcbench compare BASE NEW [--fail-on EXPR] [--markdown FILE]
     pyconcbench compare AB_RUN [--fail-on EXPR]          (an interleaved A/B run gates itself)
@@ -39,6 +40,8 @@ def parser() -> argparse.ArgumentParser:
                     "(pytest-benchmark JSON, in .benchmarks/ by default).")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
+    sub.add_parser("run", help="run the benchmark suite (pytest) from any folder: pyconcbench run --help",
+                   add_help=False)
 
     r = sub.add_parser("report", help="the studies' tables (Markdown), plots and an HTML page",
                        description="Markdown tables of saved runs on stdout: echo throughput with its "
@@ -105,16 +108,103 @@ def parser() -> argparse.ArgumentParser:
     a.add_argument("--fail-on", metavar="EXPR",
                    help="gate B against A: e.g. 'msgs_per_s:-5%%,latency_p99:+20%%'; a metric fails when B/A's "
                         "whole interval is beyond its threshold")
-    a.add_argument("--tests", default=AB_TESTS, metavar="PATH",
-                   help="the benchmarks to run: tests/bench/test_echo.py, test_switch.py or test_zmq.py (a "
-                        "worker per side for these two). Default: %(default)s")
+    a.add_argument("--tests", default=AB_TESTS, metavar="FAMILY_OR_PATH",
+                   help="the benchmarks to run: echo, switch or zmq (the suite's own files; a worker per side "
+                        "for the last two), or a path to a test file. Default: %(default)s")
     a.add_argument("pytest_args", nargs=argparse.REMAINDER, metavar="-- PYTEST ARGS",
                    help="passed to pytest after '--', e.g. -- --pcb-impl uvloop_protocol --pcb-conns 100")
     return p
 
 
-#: The benchmarks `pyconcbench ab` runs by default (relative to the project's clone).
-AB_TESTS = "tests/bench/test_echo.py"
+#: The benchmarks `pyconcbench ab` runs by default (a family of the suite shipped in the package).
+AB_TESTS = "echo"
+
+RUN_USAGE = """usage: pyconcbench run [--profile quick|full] [--family FAMILIES] [--no-save] [PYTEST ARGS ...]
+
+Runs the benchmark suite shipped in the package (echo, switch, ZeroMQ, the load generator's
+ceiling) with pytest, from any folder: prints live progress and the tables, saves the run in
+./.benchmarks (pytest-benchmark's storage) and compares it with the previous saved run there.
+
+  --profile P       quick (default, about 5-10 minutes) or full (the studies' matrix, about an hour)
+  --family F,...    only these families: echo, switch, zmq, ceiling (default: all)
+  --no-save         do not save the run (no --benchmark-autosave)
+  PYTEST ARGS       any pytest or plugin option, e.g. -k "native_epoll or asyncio_protocol",
+                    --pcb-impl my_server.py:serve, --pcb-conns 100,1k (`pytest --help`: the
+                    pyconcbench group lists them all)
+
+Exit status: pytest's (0 passed, 1 a test failed, 2 interrupted, 4 usage error, 5 nothing selected)."""
+
+
+def suite_args(argv: Sequence[str], cwd: Optional[str] = None) -> list:
+    """pytest's arguments for ``pyconcbench run ARGV``: the suite's files, the cache and the
+    storage in the current folder, autosave and compare unless asked otherwise.  Raises
+    ValueError (one line) on a bad --profile or --family."""
+    from pyconcbench import suite
+
+    cwd = cwd or os.getcwd()
+    argv = list(argv)
+    out: list = []
+    families = list(suite.FILES)
+    save = True
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        name, eq, value = arg.partition("=")
+        if name in ("--profile", "--family") and not eq:
+            if i + 1 >= len(argv):
+                raise ValueError(f"{name} needs a value")
+            value, i = argv[i + 1], i + 1
+        if name == "--profile":
+            out += ["--pcb-profile", value]
+        elif name == "--family":
+            families = [f.strip() for f in value.split(",") if f.strip()]
+            unknown = [f for f in families if f not in suite.FILES]
+            if unknown or not families:
+                raise ValueError(f"--family: unknown family {(unknown or [value])[0]!r}; "
+                                 f"known: {', '.join(suite.FILES)}")
+        elif arg == "--no-save":
+            save = False
+        elif arg == "--":
+            out += argv[i + 1:]
+            break
+        else:
+            out.append(arg)
+        i += 1
+    given = " ".join(out)
+    head = [suite.path(f) for f in families]
+    # the run's cache and results belong to the folder it is run from, not to the installed package
+    head += ["-o", f"cache_dir={os.path.join(cwd, '.pytest_cache')}"]
+    if save and "--benchmark-autosave" not in given and "--benchmark-save" not in given \
+            and "--benchmark-disable" not in given:
+        head.append("--benchmark-autosave")
+    storage = os.path.join(cwd, ".benchmarks")
+    if "--benchmark-compare" not in given and "--benchmark-storage" not in given \
+            and "--benchmark-disable" not in given and any(Path(storage).glob("*/*.json")):
+        head.append("--benchmark-compare")
+    return head + out
+
+
+def cmd_run(argv: Sequence[str]) -> int:
+    """Execs pytest on the suite (never returns on success): pytest then owns the process, its
+    signals and its exit status, and imports the plugin itself (in this process it could not
+    rewrite the asserts of modules already imported)."""
+    if any(a in ("-h", "--help") for a in argv[:1]) or list(argv[:1]) == ["help"]:
+        print(RUN_USAGE)
+        return 0
+    try:
+        args = suite_args(argv)
+    except ValueError as exc:
+        return _fail(f"run: {exc}")
+    import importlib.util
+
+    if importlib.util.find_spec("pytest_asyncio") is not None and "asyncio_default_fixture_loop_scope" not in argv:
+        # pytest-asyncio (a test extra) warns at every run whose ini does not set it
+        args = ["-o", "asyncio_default_fixture_loop_scope=function"] + args
+    argv_ = [sys.executable, "-m", "pytest"] + args
+    print("pyconcbench run: pytest " + " ".join(args), file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os.execv(sys.executable, argv_)
+    return 2  # not reached
 
 
 #: compare's options that are the plugin's too: argparse dest -> name in pyconcbench.options
@@ -305,9 +395,11 @@ def cmd_ab(args: argparse.Namespace) -> int:
     extra = list(args.pytest_args or [])
     if extra and extra[0] == "--":
         extra = extra[1:]
-    tests = args.tests
+    from pyconcbench import suite
+
+    tests = suite.path(args.tests) if args.tests in suite.FILES else args.tests
     if not Path(tests.split("::")[0]).exists():
-        return _fail(f"{tests} not found here: run `pyconcbench ab` in the project's clone, or pass --tests PATH")
+        return _fail(f"--tests {tests}: no such file (a family: {', '.join(suite.FILES)}, or a path to a test file)")
     argv = [sys.executable, "-m", "pytest", tests, "--pcb-ab-a", args.a, "--pcb-ab-b", args.b,
             "--benchmark-autosave", "-p", "no:cacheprovider"]
     if args.a_env:
@@ -323,6 +415,10 @@ def cmd_ab(args: argparse.Namespace) -> int:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["run"]:
+        # everything after `run` is pytest's: argparse would take its options for ours
+        return cmd_run(argv[1:])
     args = parser().parse_args(argv)
     try:
         if args.command == "report":

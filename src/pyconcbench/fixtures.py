@@ -35,7 +35,7 @@ AB_KEY = pytest.StashKey[List[Dict[str, Any]]]()
 
 #: Why the load generator's ceiling skips in an A/B run: it has no environment to compare.
 AB_NOTHING_TO_COMPARE = ("not measured in an A/B run: the load generator's ceiling runs no code of either "
-                         "environment (select tests/bench/test_echo.py, test_switch.py or test_zmq.py)")
+                         "environment (select the suite's test_echo.py, test_switch.py or test_zmq.py)")
 SERVER_REPORTED_KEY = pytest.StashKey[bool]()
 CALL_FAILED_KEY = pytest.StashKey[bool]()
 

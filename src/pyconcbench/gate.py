@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from pyconcbench import stats
-from pyconcbench.metrics import AB, AB_PAIR_KEYS, METRICS, Metric, ab_family, fmt_value, md_code, md_text  # noqa: F401 (gate.METRICS)
+from pyconcbench.metrics import AB, AB_PAIR_KEYS, bench_key, METRICS, Metric, ab_family, fmt_value, md_code, md_text  # noqa: F401 (gate.METRICS)
 
 DEFAULT_ALPHA = 0.05
 
@@ -540,6 +540,13 @@ def _key(bench: Dict[str, Any]) -> str:
     return bench.get("fullname") or bench.get("name") or "?"
 
 
+def match_key(bench: Dict[str, Any]) -> str:
+    """What a baseline benchmark and a new one are matched by (metrics.bench_key: the node id
+    without its file's folders, so the suite's move from tests/bench into the package keeps
+    old baselines)."""
+    return bench_key(bench)
+
+
 def compare_runs(base: Sequence[Any], new: Sequence[Dict[str, Any]], rules: Sequence[Rule],
                  alpha: float = DEFAULT_ALPHA) -> GateResult:
     """Baseline benchmarks against new ones, matched by full test name.  ``base`` is one run's
@@ -548,11 +555,11 @@ def compare_runs(base: Sequence[Any], new: Sequence[Dict[str, Any]], rules: Sequ
     by_name: Dict[str, List[Dict[str, Any]]] = {}
     for run in runs:
         for b in run:
-            by_name.setdefault(_key(b), []).append(b)
+            by_name.setdefault(match_key(b), []).append(b)
     result = GateResult(alpha=alpha, baseline_runs=len(runs))
     seen = set()
     for bench in new:
-        key = _key(bench)
+        key = match_key(bench)
         seen.add(key)
         bases = by_name.get(key) or []
         # the marker of the reviewed code wins as on the command line; the new run's own
@@ -560,7 +567,7 @@ def compare_runs(base: Sequence[Any], new: Sequence[Dict[str, Any]], rules: Sequ
         trusted = trusted_marker(bases)
         result.changes.extend(check_bench(bases or None, bench, rules, trusted, alpha,
                                           own_rules=marker_rules_of(bench)))
-    result.missing = sorted(k for k in by_name if k not in seen)
+    result.missing = sorted(_key(by_name[k][0]) for k in by_name if k not in seen)
     return result
 
 

@@ -113,7 +113,7 @@ class GatePlugin:
         # (their rounds pooled, and a regression must be worse than every one of them).
         for path, benches in mapping.items():
             for fullname, bench in benches.items():
-                self.baseline.setdefault(fullname, []).append(bench)
+                self.baseline.setdefault(gate.match_key({"fullname": fullname}), []).append(bench)
         names = [str(p) for p in mapping]
         self.baseline_name = names[0] if len(names) == 1 else f"{len(names)} runs ({names[0]} .. {names[-1]})"
         here = {"pyconcbench": machine.machine_facts()}
@@ -149,12 +149,13 @@ class GatePlugin:
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         """Why a test left no measurement: for the baseline benchmarks missing from the run."""
-        if report.nodeid in self.outcomes:
+        key = gate.match_key({"fullname": report.nodeid})
+        if key in self.outcomes:
             return
         if report.skipped:
-            self.outcomes[report.nodeid] = "skipped: " + skip_reason(report)
+            self.outcomes[key] = "skipped: " + skip_reason(report)
         elif report.failed:
-            self.outcomes[report.nodeid] = "failed" if report.when == "call" else f"error in {report.when}"
+            self.outcomes[key] = "failed" if report.when == "call" else f"error in {report.when}"
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo):
@@ -163,7 +164,7 @@ class GatePlugin:
             return report
         new = self.bench_dict(getattr(item, "funcargs", {}).get("benchmark"))
         if new is not None:
-            self.measured.append(new["fullname"])
+            self.measured.append(gate.match_key(new))
         if new is None or not report.passed:
             return report
         text = marker_fail_on(item)
@@ -171,7 +172,7 @@ class GatePlugin:
         ab_case = gate.is_ab(new)
         if self.ab and not ab_case:
             return report  # another family in an A/B run: not measured there
-        bases = self.baseline.get(new["fullname"])
+        bases = self.baseline.get(gate.match_key(new))
         if ab_case:
             # the code under test is in the A/B environments, not in this suite: its marker holds
             trusted, own = marker_rules, []

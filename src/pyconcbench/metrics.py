@@ -33,6 +33,15 @@ class SchemaError(ValueError):
     """A saved benchmark this code cannot read: the message says which and why."""
 
 
+
+def bench_key(bench: Dict[str, Any]) -> str:
+    """The key a benchmark is matched by across runs: its node id without the folders of its
+    file (``test_echo.py::test_echo[asyncio_protocol-c100-64B]``), so a run of the suite from the
+    package (``pyconcbench run``) matches one saved when it lived in the repo's ``tests/bench``."""
+    name = bench.get("fullname") or bench.get("name") or "?"
+    path, sep, rest = name.partition("::")
+    return path.rsplit("/", 1)[-1] + sep + rest if sep else name
+
 def stamp(family: str) -> Dict[str, Any]:
     """The keys every saved benchmark of ``family`` carries first."""
     if family not in FAMILIES:

@@ -62,15 +62,25 @@ def parse_counts(text: str) -> Tuple[int, ...]:
 
 
 def parse_impls(text: str) -> Tuple[str, ...]:
+    """'all' (the built-in implementations, then those registered in the pyconcbench.servers
+    entry-point group), ids, or servers of one's own: ``MODULE:FUNCTION``, ``PATH.py:FUNCTION``."""
     from . import servers
     out = []
-    for part in _items(text):
-        if part == "all":
-            out.extend(servers.IMPLS)
-        elif part in servers.IMPLS:
-            out.append(part)
-        else:
-            raise ValueError(f"unknown implementation {part!r}; known: {', '.join(servers.IMPLS)}")
+    try:
+        known = servers.known_impls()
+        for part in _items(text):
+            if part == "all":
+                out.extend(known)
+            elif part in known:
+                out.append(part)
+            elif ":" in part:
+                servers.check_user_spec(part)  # its code runs in the server process, not here
+                out.append(part)
+            else:
+                raise ValueError(f"unknown implementation {part!r}; known: {', '.join(known)} (or a server of "
+                                 "your own: MODULE:FUNCTION, PATH.py:FUNCTION)")
+    except servers.UserServerError as exc:
+        raise ValueError(str(exc)) from None
     return tuple(dict.fromkeys(out))
 
 
@@ -197,7 +207,7 @@ def parse_require(text: str) -> Tuple[str, ...]:
     known = require_names()
     out = []
     for part in _items(text):
-        if part not in known:
+        if part not in known and ":" not in part:  # MODULE:FUNCTION: a server of one's own
             raise ValueError(f"unknown implementation {part!r} (an echo server, a ZeroMQ mode, a switch "
                              f"microbenchmark or family; e.g. {', '.join(sorted(known)[:4])}, ...)")
         out.append(part)
@@ -208,7 +218,11 @@ def require_names() -> Dict[str, str]:
     """Every name --pcb-require accepts, and the family it belongs to."""
     from . import micro, servers
     from . import zmq as pcbzmq
-    names = {name: "echo" for name in servers.IMPLS}
+    try:
+        echo_names = servers.known_impls()
+    except servers.UserServerError as exc:
+        raise ValueError(str(exc)) from None
+    names = {name: "echo" for name in echo_names}
     names.update((name, "zmq") for name in pcbzmq.MODES)
     for case in micro.cases():
         names[case.id] = names[case.family] = "switch"

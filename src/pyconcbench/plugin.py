@@ -3,7 +3,7 @@
 It turns the option table (``pyconcbench.options``) into ``--pcb-*`` options and settings,
 parametrizes the benchmark tests from the workloads' cases (echo_case, ceiling_connections,
 zmq_case, switch_case), registers the fixtures that run them (``pyconcbench.fixtures``), saves
-the machine facts and prints the tables at the end, so ``tests/bench/*`` only state and assert.  The regression gate's plugin is
+the machine facts and prints the tables at the end, so the suite's files (``pyconcbench/suite``) only state and assert.  The regression gate's plugin is
 ``pyconcbench.gate_plugin``, registered here when ``--pcb-fail-on`` is given.
 """
 from __future__ import annotations

@@ -63,7 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
         "SIGINT, SIGHUP or the parent's death. Prints 'READY {json}' when listening and\n"
         "a JSON usage report (CPU time, peak RSS, counts) when stopped.",
         epilog="implementations:\n"
-        + "\n".join("  %-18s %s" % (name, impl.description) for name, impl in servers.IMPLS.items()),
+        + "\n".join("  %-18s %s" % (name, impl.description) for name, impl in servers.IMPLS.items())
+        + "\n  MODULE:FUNCTION     a serve(sock, stop_fd, stats) function of your own (PATH.py:FUNCTION for a"
+        "\n                     file), or the name of one registered in the entry-point group "
+        + servers.ENTRY_POINT_GROUP,
     )
     parser.add_argument("impl", metavar="IMPL", help="implementation id, see below")
     parser.add_argument(
@@ -351,7 +354,7 @@ def _main(args, tmpdir: "str | None") -> int:
     except servers.Broken as exc:
         print("%s: %s" % (PROG, exc), file=sys.stderr)
         return EXIT_BROKEN
-    except (Unusable, servers.UnknownImpl) as exc:
+    except (Unusable, servers.UnknownImpl, servers.UserServerError) as exc:
         print("%s: %s" % (PROG, exc), file=sys.stderr)
         return EXIT_UNUSABLE
 

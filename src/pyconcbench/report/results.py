@@ -142,7 +142,7 @@ def load_runs(names: Sequence[str] = (), storage: str = DEFAULT_STORAGE) -> List
 def _query(folder: Path, name: Optional[str]) -> List[Run]:
     if not folder.is_dir():
         raise ResultsError(f"no saved runs: {folder} does not exist (save one with "
-                           f"`pytest tests/bench --benchmark-autosave`, or name a JSON file)")
+                           f"`pyconcbench run`, or name a JSON file)")
     from pytest_benchmark.storage.file import FileStorage
 
     logger = _Quiet()
@@ -188,7 +188,7 @@ def merged_benchmarks(runs: Iterable[Run]) -> List[Dict[str, Any]]:
     out: Dict[str, Dict[str, Any]] = {}
     for run in runs:
         for bench in run.benchmarks:
-            out[bench.get("fullname") or bench.get("name")] = bench
+            out[metrics.bench_key(bench)] = bench
     return list(out.values())
 
 

@@ -9,17 +9,25 @@ not on PATH, a package not installed, or installed but not importing on this Pyt
 ``MissingDependency`` (a skip reason), and so is what a module raises as such itself (a release
 too old, or one that does not run on this Python).  Anything else its module raises on import
 is ``Broken``: a bug of ours, reported in one line, never a skip.
+
+Servers users bring follow the same contract and are named in two more ways (``user_spec``):
+``module:function`` or ``path/to/file.py:function`` (loaded in the server process, from its
+working directory), and the name of an entry point in the ``pyconcbench.servers`` group (a
+package registering its servers, ``name = "pkg.mod:serve"``).  Their code is the user's, so
+what goes wrong with it is ``UserServerError`` (cannot run as asked), never ``Broken``.
 """
 from __future__ import annotations
 
 import errno
 import importlib
 import importlib.util
+import inspect
 import os
+import re
 import shutil
 import sys
 import time
-from typing import Callable, NamedTuple, Tuple
+from typing import Callable, Dict, List, NamedTuple, Tuple
 
 from pyconcbench.broken import Broken, describe
 
@@ -117,6 +125,120 @@ class UnknownImpl(ValueError):
     pass
 
 
+class UserServerError(ValueError):
+    """A user's server (``module:function``, a file, an entry point) cannot be loaded as given:
+    its module is not found or raises on import, the function is missing or does not take
+    ``(sock, stop_fd, stats)``.  One line; the server process exits 2 (cannot run as asked)."""
+
+
+#: The entry-point group through which a package registers its servers by name.
+ENTRY_POINT_GROUP = "pyconcbench.servers"
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
+def entry_points() -> Dict[str, str]:
+    """The servers registered in the ``pyconcbench.servers`` entry-point group: name -> its
+    ``module:function``.  A name that is a built-in id is refused (it would be ambiguous)."""
+    from importlib.metadata import entry_points as _entry_points
+
+    out: Dict[str, str] = {}
+    for ep in _entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name in IMPLS:
+            dist = getattr(getattr(ep, "dist", None), "name", None) or "a package"
+            raise UserServerError(
+                "entry point %r in group %s (from %s) has the name of a built-in implementation; "
+                "rename it" % (ep.name, ENTRY_POINT_GROUP, dist))
+        out[ep.name] = ep.value
+    return out
+
+
+def user_spec(impl: str) -> "Tuple[str, str] | None":
+    """``(module_or_file, function)`` when ``impl`` names a user's server (``mod:func``,
+    ``path/file.py:func``, or a registered entry point); None for a built-in id or an unknown
+    name.  Raises UserServerError when it has a colon but is not of that form."""
+    if impl in IMPLS:
+        return None
+    if ":" not in impl:
+        target = entry_points().get(impl)
+        if target is None:
+            return None
+        impl = target
+    where, _, func = impl.rpartition(":")
+    if not _IDENTIFIER.fullmatch(func):
+        raise UserServerError("implementation %r: expected MODULE:FUNCTION or PATH.py:FUNCTION, and %r is not "
+                              "a function name" % (impl, func))
+    if where.endswith(".py") or "/" in where:
+        if not where.endswith(".py"):
+            raise UserServerError("implementation %r: a file must end in .py" % impl)
+        return where, func
+    if not _MODULE.fullmatch(where):
+        raise UserServerError("implementation %r: expected MODULE:FUNCTION or PATH.py:FUNCTION, and %r is not "
+                              "a module name" % (impl, where))
+    return where, func
+
+
+def check_user_spec(impl: str) -> None:
+    """What can be checked of a user's server without running its code (in the pytest process,
+    where importing it could have side effects such as monkey-patching): the form, and that a
+    file exists.  Raises UserServerError."""
+    spec = user_spec(impl)
+    if spec is not None and spec[0].endswith(".py") and not os.path.isfile(spec[0]):
+        raise UserServerError("implementation %r: no such file: %s" % (impl, os.path.abspath(spec[0])))
+
+
+def known_impls() -> List[str]:
+    """Every implementation name a run can use: the built-in ids, then the registered entry points."""
+    return list(IMPLS) + [name for name in entry_points() if name not in IMPLS]
+
+
+def _load_user(impl: str, where: str, func: str) -> ServeFunc:
+    """A user's serve function, imported (in the server process).  UserServerError when it
+    cannot be: the user's code, so 'cannot run as asked', never a bug of ours."""
+    if where.endswith(".py"):
+        path = os.path.abspath(where)
+        if not os.path.isfile(path):
+            raise UserServerError("implementation %r: no such file: %s" % (impl, path))
+        name = "pyconcbench_user_" + re.sub(r"\W", "_", os.path.basename(path)[:-3])
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+
+        def loader():
+            spec.loader.exec_module(module)
+            return module
+    else:
+        try:
+            found = importlib.util.find_spec(where)
+        except (ImportError, ValueError) as exc:
+            found, why = None, describe(exc)
+        else:
+            why = ""
+        if found is None:
+            raise UserServerError("implementation %r: no module named %r%s (it is imported from the folder the "
+                                  "run starts in; or give a file: path/to/%s.py:%s)"
+                                  % (impl, where, ": " + why if why else "", where.rsplit(".", 1)[-1], func))
+        def loader():
+            return importlib.import_module(where)
+    try:
+        module = loader()
+    except BaseException as exc:  # the user's module ran and raised (SystemExit included)
+        raise UserServerError("implementation %r: importing %s raised %s" % (impl, where, describe(exc))) from None
+    serve = getattr(module, func, None)
+    if serve is None:
+        raise UserServerError("implementation %r: %s has no %r" % (impl, where, func))
+    if not callable(serve):
+        raise UserServerError("implementation %r: %s:%s is not a function" % (impl, where, func))
+    try:
+        inspect.signature(serve).bind(None, 0, None)
+    except TypeError:
+        raise UserServerError("implementation %r: %s:%s must take (sock, stop_fd, stats), its signature is %s"
+                              % (impl, where, func, inspect.signature(serve))) from None
+    except ValueError:  # no signature to read (a builtin): let the call tell
+        pass
+    return serve
+
+
 class MissingDependency(ImportError):
     """The implementation cannot run here: a tool not on PATH, a package not installed, or a
     release that does not run on this Python.  The only skip reason; the message says what to
@@ -145,12 +267,17 @@ ServeFunc = Callable[..., None]
 
 
 def load(impl: str) -> ServeFunc:
-    """Returns the ``serve`` function of implementation ``impl``."""
+    """Returns the ``serve`` function of implementation ``impl``: a built-in id, a user's
+    ``module:function`` / ``file.py:function``, or a registered entry point's name."""
+    user = user_spec(impl)
+    if user is not None:
+        return _load_user(impl, *user)
     try:
         spec = IMPLS[impl]
     except KeyError:
         raise UnknownImpl(
-            "unknown implementation %r; known: %s" % (impl, ", ".join(IMPLS))
+            "unknown implementation %r; known: %s (or a server of your own: MODULE:FUNCTION, "
+            "PATH.py:FUNCTION)" % (impl, ", ".join(known_impls()))
         ) from None
     for tool in spec.tools:
         if shutil.which(tool) is None:
