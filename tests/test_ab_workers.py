@@ -22,9 +22,9 @@ from pyconcbench import zmq as pcbzmq
 from pyconcbench.report import ab_tables
 from pyconcbench.report.results import split
 from skipping import zmq_unavailable
-from pyconcbench import suite
+from pyconcbench import suite as pcb_suite
 
-BENCH_DIR = Path(suite.SUITE_DIR)
+BENCH_DIR = Path(pcb_suite.SUITE_DIR)
 SWITCH_CASE = "python-generator_next"  # ~0.1 s a round
 ZMQ_CASE = "pyzmq_single-200B-if1"
 

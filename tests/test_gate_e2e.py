@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from pyconcbench import servers
-from pyconcbench import suite
+from pyconcbench import suite as pcb_suite
 
-ECHO_TEST = (Path(suite.SUITE_DIR) / "test_echo.py").read_text()
+ECHO_TEST = (Path(pcb_suite.SUITE_DIR) / "test_echo.py").read_text()
 CASE = ["--pcb-impl", "asyncio_protocol", "--pcb-conns", "10", "--pcb-messages", "10000", "--pcb-rounds", "7",
         "-p", "no:cacheprovider"]
 

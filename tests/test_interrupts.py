@@ -12,9 +12,9 @@ import pathlib
 import pytest
 
 from proctools import alive, children, cmdline, group, wait_for
-from pyconcbench import suite
+from pyconcbench import suite as pcb_suite
 
-BENCH_DIR = pathlib.Path(suite.SUITE_DIR)
+BENCH_DIR = pathlib.Path(pcb_suite.SUITE_DIR)
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL],

@@ -67,7 +67,7 @@ def test_the_rule_can_fail():
 
 def test_every_module_is_covered():
     """A new top-level module must be placed on one side of the rules (here or in the report's)."""
-    known = set(WORKLOADS) | set(REPORT) | {"pyconcbench.plugin", "pyconcbench.gate_plugin", "pyconcbench.fixtures",
+    known = set(WORKLOADS) | set(REPORT) | {"pyconcbench.plugin", "pyconcbench.gate_plugin", "pyconcbench.fixtures", "pyconcbench.progress",
                               "pyconcbench.servers",
                               "pyconcbench.net", "pyconcbench._native", "pyconcbench.__main__"}
     found = {f"pyconcbench.{m.name}" for m in pkgutil.iter_modules(pyconcbench.__path__)}

@@ -22,7 +22,7 @@ from pyconcbench.rounds import ROUND_CLOCK as round_clock
 from pyconcbench.micro import (Case, Runner, Sample, Unavailable, fit_line, golang, native,
                                smallproc, workloads)
 from pyconcbench.report.switch_tables import depth_fits, spread_between, table
-from pyconcbench import suite
+from pyconcbench import suite as pcb_suite
 
 ROOT = Path(__file__).resolve().parent.parent
 ALLOWED = sorted(os.sched_getaffinity(0))
@@ -78,7 +78,7 @@ def test_catalogue_ids_groups_and_targets():
 def test_k_switch_selects_every_case(pytester):
     """`pyconcbench run -k switch` selects every case (through the module's name), with
     the readable ids."""
-    pytester.makepyfile(test_switch=(Path(suite.SUITE_DIR) / "test_switch.py").read_text())
+    pytester.makepyfile(test_switch=(Path(pcb_suite.SUITE_DIR) / "test_switch.py").read_text())
     result = pytester.runpytest_subprocess("--collect-only", "-q", "-k", "switch",
                                            "-p", "no:cacheprovider")
     collected = [line for line in result.outlines if line.startswith("test_switch.py::")]
@@ -393,7 +393,7 @@ def test_go_baselines_that_do_not_compile_fail_the_benchmark(pytester, tmp_path)
     if shutil.which("go") is None:
         pytest.skip("go not on PATH")
     source, line = _broken_switch_go(tmp_path)
-    pytester.makepyfile(test_switch=(Path(suite.SUITE_DIR) / "test_switch.py").read_text())
+    pytester.makepyfile(test_switch=(Path(pcb_suite.SUITE_DIR) / "test_switch.py").read_text())
     pytester.makeconftest(  # pytester's HOME is new: keep the usual (warm) Go build cache
         "import os\nos.environ['XDG_CACHE_HOME'] = %r\n"
         "from pyconcbench.micro import golang\ngolang.SOURCE = %r\n" % (GO_CACHE_HOME, str(source)))
@@ -498,7 +498,7 @@ def test_runner_rejects_a_count_that_does_not_add_up(monkeypatch):
 # ---- the benchmark module through pytester ---------------------------------------------------
 
 def test_bench_module_runs_records_and_prints(pytester):
-    pytester.makepyfile(test_switch=(Path(suite.SUITE_DIR) / "test_switch.py").read_text())
+    pytester.makepyfile(test_switch=(Path(pcb_suite.SUITE_DIR) / "test_switch.py").read_text())
     out_json = pytester.path / "bench.json"
     result = pytester.runpytest_subprocess(
         "-k", "python-call or native-call or yield_from-d2 or yield_from-d4", "-p",

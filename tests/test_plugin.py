@@ -5,9 +5,9 @@ import statistics
 import pathlib
 
 import pytest
-from pyconcbench import suite
+from pyconcbench import suite as pcb_suite
 
-BENCH_DIR = pathlib.Path(suite.SUITE_DIR)
+BENCH_DIR = pathlib.Path(pcb_suite.SUITE_DIR)
 
 
 @pytest.fixture
@@ -142,7 +142,7 @@ def test_small_benchmark_run_saves_and_compares(suite):
     first = suite.runpytest_subprocess(*args, "--benchmark-json", "out.json")
     first.assert_outcomes(passed=2)
     first.stdout.fnmatch_lines([
-        "*benchmark 'echo-c10-64B': 2 tests*",
+        "[[]1/2] echo native_epoll c10 64B * msgs/s*",
         "*pyconcbench echo results*",
         "echo 10 connections x 64B over tcp",
         "implementation*msgs/s*x native*",
@@ -180,7 +180,7 @@ def test_small_benchmark_run_saves_and_compares(suite):
     if facts["settings"]["cpus"]:
         assert extra["probe_baseline_ns"] > 0
 
-    second = suite.runpytest_subprocess(*args, "--benchmark-compare")
+    second = suite.runpytest_subprocess(*args, "--pcb-benchmark-table", "yes", "--benchmark-compare")
     second.assert_outcomes(passed=2)
     second.stderr.fnmatch_lines(["*Comparing against benchmarks from*0001_*"])
     # rows are sorted by time, so either may come first

@@ -8,9 +8,9 @@ passes whether or not the suite runs with CI set."""
 import pathlib
 
 import pytest
-from pyconcbench import suite
+from pyconcbench import suite as pcb_suite
 
-BENCH_DIR = pathlib.Path(suite.SUITE_DIR)
+BENCH_DIR = pathlib.Path(pcb_suite.SUITE_DIR)
 
 #: node_net's peer needs `node` on PATH: without it the server exits 3, "not available here".
 NO_NODE = "import os\nos.environ['PATH'] = '/nonexistent-pcb-path'\n"

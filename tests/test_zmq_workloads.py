@@ -18,9 +18,9 @@ from proctools import alive, group
 from skipping import zmq_unavailable
 from pyconcbench import zmq as pcbzmq
 from pyconcbench.zmq import Fault, RoundError, RoundResult, Session, Unavailable, run_round
-from pyconcbench import suite
+from pyconcbench import suite as pcb_suite
 
-BENCH_DIR = pathlib.Path(suite.SUITE_DIR)
+BENCH_DIR = pathlib.Path(pcb_suite.SUITE_DIR)
 TWO_CPUS = len(os.sched_getaffinity(0)) >= 2
 #: How much later than its timeout a round may end: the watchdog's and the waits' slices are
 #: tens of ms, the rest is room for a loaded shared machine (a descheduled test must not fail),
@@ -436,7 +436,7 @@ def test_small_benchmark_run(suite):
         "-k", "pyzmq_single-200B-if1] or pyzmq_poller-200B-if1]",
         "--pcb-messages", "200", "--pcb-rounds", "3", "--benchmark-json", "out.json")
     result.assert_outcomes(passed=2)
-    result.stdout.fnmatch_lines(["*benchmark 'zmq-200B-if1': 2 tests*"])
+    result.stdout.fnmatch_lines(["[[]1/2] zmq pyzmq_single-200B-if1 * req/s  p99 * us*"])
     data = json.loads((suite.path / "out.json").read_text())
     bench = {b["param"]: b for b in data["benchmarks"]}
     info = bench["pyzmq_single-200B-if1"]["extra_info"]

@@ -377,6 +377,9 @@ OPTIONS: Dict[str, Tuple[Callable[[str], Any], Optional[str], str, str]] = {
     "require": (parse_require, None, "implementations this run must measure, comma-separated (echo servers, "
                 "ZeroMQ modes, switch microbenchmarks or families such as go): one that is not selected, "
                 "or skipped, fails the session", "IMPLS"),
+    "benchmark-table": (parse_bool, "no", "also print pytest-benchmark's own table of round times (its OPS "
+                        "column is rounds per second, not round trips: pyconcbench's tables have the figures)",
+                        "yes|no"),
     "allow-machine-change": (parse_bool, "no", "gate even when the baseline's CPU model, CPU count, kernel "
                              "or Python differ from this machine's", "yes|no"),
 }
@@ -408,6 +411,7 @@ class Settings:
     pinning_note: str = ""
     sources: Dict[str, str] = field(default_factory=dict)
     agree: Optional[float] = None  # None: the profile's
+    benchmark_table: bool = False  # pytest-benchmark's own table at the end
 
     def plan(self, most: int, profile: Optional[Profile] = None) -> Any:
         """How many rounds a case whose profile measures ``most`` runs (rounds.Plan): exactly
@@ -520,6 +524,7 @@ def resolve(raw: Callable[[str], Tuple[Optional[str], str]]) -> Settings:
         pinning_note=note,
         sources=sources,
         agree=values["agree"],
+        benchmark_table=values["benchmark-table"],
     )
 
 

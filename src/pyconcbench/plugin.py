@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
 
-from . import echo, fixtures, gate_plugin, machine, micro, options, procs, rounds
+from . import echo, fixtures, gate_plugin, machine, micro, options, procs, progress, rounds
 from . import zmq as pcbzmq
 from .fixtures import AB_KEY, CALL_FAILED_KEY, CEILING_KEY, RESULTS_KEY, SETTINGS_KEY, SWITCH_KEY
 from .options import Settings
@@ -74,6 +74,21 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(RequirePlugin(settings), RequirePlugin.NAME)
     procs.sweep_stale_tmpdirs()  # left behind by a run that was killed (SIGKILL) before its clean-up
     rounds.BUDGET.reset()  # the session's noise budget starts now
+    if (config.option.verbose >= 0 and not config.option.collectonly
+            and not config.getoption("benchmark_disable", False)):
+        config.pluginmanager.register(progress.Progress(config), progress.Progress.NAME)
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """pytest-benchmark's own table of round times stays off unless asked for (--pcb-benchmark-table
+    yes, its --benchmark-verbose or --benchmark-cprofile): its OPS column is rounds per second."""
+    config = session.config
+    settings = config.stash.get(SETTINGS_KEY, None)
+    bs = getattr(config, "_benchmarksession", None)
+    if settings is None or bs is None or settings.benchmark_table:
+        return
+    if not getattr(bs, "verbose", False) and not getattr(bs, "cprofile_sort_by", None):
+        bs.quiet = True  # the table and the cProfile listing only; its log messages stay
 
 
 def pytest_report_header(config: pytest.Config) -> List[str]:
