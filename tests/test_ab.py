@@ -193,6 +193,8 @@ def test_memory_per_connection_is_compared_pair_by_pair():
     assert metrics.check_benchmark(bench) is None
     (ch,) = gate.check_ab(bench, gate.parse_fail_on("rss_per_conn_kib:+20%"))
     assert ch.status == "regression" and "A 10.00 KiB, B 15.00 KiB" in ch.line()
+    text = report.to_markdown([], report.sections(split([bench])))
+    assert "B/A KiB/conn [interval]" in text and "| 1.500 [1.500, 1.500] 97% |" in text  # 6 pairs: 96.9 % coverage
 
 
 def test_check_ab_gates_on_the_interval():

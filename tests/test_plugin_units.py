@@ -469,3 +469,14 @@ def test_a_server_whose_memory_cannot_be_read_fails_the_round(fakes):
     with pytest.raises(harness.ServerError, match="exited with code -9"):
         runner.read_idle_rss()
 
+
+def test_echo_table_shows_kib_per_connection():
+    lines = summary.echo_table([row("threads", 20_000, 30.0, rss_per_conn_kib=66.4567),
+                                row("native_epoll", 200_000, 5.0, rss_per_conn_kib=-0.25),
+                                row("selectors", 50_000, 9.0)])  # a run saved before memory was measured
+    head = next(line for line in lines if line.startswith("implementation"))
+    assert " KiB/conn  notes" in head
+    at = head.index("KiB/conn") + len("KiB/conn")  # right-aligned under its head
+    cells = {line.split()[0]: line[at - 8:at] for line in lines if line.split() and line.split()[0] in
+             ("threads", "native_epoll", "selectors")}
+    assert cells == {"threads": "    66.5", "native_epoll": "    -0.2", "selectors": "       -"}
