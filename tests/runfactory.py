@@ -15,12 +15,22 @@ FACTS = {"cpu_model": "Test CPU", "cpus_online": 2, "kernel": "6.18.0", "python"
 
 
 def echo(impl: str, conns: int, rates: Sequence[float], size: int = 64, transport: str = "tcp",
-         p99: Optional[Sequence[float]] = None, cpu_us: float = 5.0, **extra: Any) -> Dict[str, Any]:
-    """One echo benchmark with these per-round msgs/s (and p99 µs per round)."""
+         p99: Optional[Sequence[float]] = None, cpu_us: float = 5.0, rss: Optional[Sequence[int]] = None,
+         rss_idle: int = 10240, **extra: Any) -> Dict[str, Any]:
+    """One echo benchmark with these per-round msgs/s (and p99 µs per round); ``rss``: the
+    server's resident KiB after each round (then its memory keys, from ``rss_idle``, as the
+    plugin saves them), None: a run saved before the server's memory was measured."""
     p99 = list(p99) if p99 is not None else [100.0 + 1000.0 * conns / r for r in rates]
     rounds = [{"msgs_per_s": r, "completed": 10000, "elapsed": 10000 / r, "latency_p50_us": p / 3,
                "latency_p95_us": p * 0.8, "latency_p99_us": p, "server_cpu_us_per_msg": cpu_us}
               for r, p in zip(rates, p99)]
+    memory: Dict[str, Any] = {}
+    if rss is not None:
+        for r, kib in zip(rounds, rss):
+            r.update(rss_kib=kib, rss_per_conn_kib=round((kib - rss_idle) / conns, 3))
+        memory = {"server_rss_idle_kib": rss_idle, "server_rss_connected_kib": rss[0],
+                  "server_rss_loaded_kib": float(statistics.median(rss)),
+                  "rss_per_conn_kib": round(statistics.median(r["rss_per_conn_kib"] for r in rounds), 3)}
     scale = f"c{conns}-{size}B" + ("-unix" if transport == "unix" else "")
     info = {"impl": impl, "label": impl, "connections": conns, "size": size, "transport": transport,
             "msgs_per_s": round(len(rates) * 10000 / sum(10000 / r for r in rates), 1),
@@ -28,7 +38,7 @@ def echo(impl: str, conns: int, rates: Sequence[float], size: int = 64, transpor
             "latency_p95_us": statistics.median(p99) * 0.8, "latency_p99_us": statistics.median(p99),
             "fairness_jain": 0.999, "fairness_min": 90, "fairness_max": 110, "starving_connections": 0,
             "loadgen_cpu_share": 0.5, "loadgen_bound": False, "server_cpu_share": 0.99,
-            "server_user_share": 0.3, "server_cpu_us_per_msg": cpu_us, "rounds": rounds}
+            "server_user_share": 0.3, "server_cpu_us_per_msg": cpu_us, **memory, "rounds": rounds}
     info.update(extra)
     times = [r["elapsed"] for r in rounds]
     return {"group": f"echo-{scale}", "name": f"test_echo[{impl}-{scale}]",

@@ -167,11 +167,34 @@ def test_an_echo_record_saved_before_ab_family_is_an_echo_one():
     assert metrics.AB_PAIR_KEYS["echo"] == {
         "msgs_per_s": "msgs_per_s", "latency_p50": "latency_p50_us", "latency_p90": "latency_p90_us",
         "latency_p95": "latency_p95_us", "latency_p99": "latency_p99_us",
-        "server_cpu_us_per_msg": "server_cpu_us_per_msg"}
+        "server_cpu_us_per_msg": "server_cpu_us_per_msg", "rss_per_conn_kib": "rss_per_conn_kib"}
     old = ab_bench()
     assert "ab_family" not in old["extra_info"] and metrics.ab_family(old["extra_info"]) == "echo"
     assert metrics.check_benchmark(old) is None
     assert {c.metric for c in gate.check_ab(old, gate.parse_fail_on("msgs_per_s:-10%,ns_per_op:+5%"))} == {"msgs_per_s"}
+
+
+def test_memory_per_connection_is_compared_pair_by_pair():
+    kib = (10.0, 10.1, 10.0, 9.9, 10.0, 10.1)
+    a = [{"msgs_per_s": 100.0, "rss_per_conn_kib": k} for k in kib]
+    b = [{"msgs_per_s": 100.0, "rss_per_conn_kib": k * 1.5} for k in kib]
+    pairs = ab.pair_ratios(a, b, [ab.order(i) for i in range(len(kib))])
+    assert [p["rss_per_conn_kib"] for p in pairs] == [1.5] * 6
+    # no growth over idle (native_epoll at 10 connections can show none), or memory given back: no ratio
+    for none in (0.0, -0.4):
+        assert "rss_per_conn_kib" not in ab.pair_ratios([{"rss_per_conn_kib": none}], [{"rss_per_conn_kib": 3.0}],
+                                                        ["ab"])[0]
+    iv = ab.intervals(pairs)["rss_per_conn_kib"]
+    assert (iv["ratio"], iv["low"], iv["high"], iv["pairs"]) == (1.5, 1.5, 1.5, 6)
+    bench = ab_bench()
+    info = bench["extra_info"]
+    info["pairs"], info["intervals"]["rss_per_conn_kib"] = pairs, iv
+    info["a"]["rss_per_conn_kib"], info["b"]["rss_per_conn_kib"] = 10.0, 15.0
+    assert metrics.check_benchmark(bench) is None
+    (ch,) = gate.check_ab(bench, gate.parse_fail_on("rss_per_conn_kib:+20%"))
+    assert ch.status == "regression" and "A 10.00 KiB, B 15.00 KiB" in ch.line()
+    text = report.to_markdown([], report.sections(split([bench])))
+    assert "B/A KiB/conn [interval]" in text and "| 1.500 [1.500, 1.500] 97% |" in text  # 6 pairs: 96.9 % coverage
 
 
 def test_check_ab_gates_on_the_interval():

@@ -160,6 +160,58 @@ def test_switch_and_zmq_metrics():
     assert ch.status == "regression"
 
 
+#: per-round resident KiB per connection of a 1,000-connection echo server
+KIB = [10.0, 10.1, 9.9, 10.05, 9.95]
+
+
+def _memory(per_conn, noisy=()):
+    b = rf.echo("threads", 1000, BASE, rss=[10240 + round(k * 1000) for k in per_conn])
+    for n in noisy:
+        b["extra_info"]["rounds"][n]["noisy"] = "CPU 1 ran a fixed loop 1.50x slower than its best"
+    return b
+
+
+def test_memory_per_connection_is_gated_on_its_rounds():
+    rules = gate.parse_fail_on("rss_per_conn_kib:+20%")
+    (ch,) = gate.check_bench(_memory(KIB), _memory([k * 1.5 for k in KIB]), rules)
+    assert ch.status == "regression" and ch.failed
+    assert ch.change == pytest.approx(0.5) and ch.n_base == ch.n_new == 5
+    assert ch.p_value == pytest.approx(1 / 252)  # every new round above every baseline round
+    assert ("threads-c1000-64B]: rss_per_conn_kib regressed 10.00 KiB -> 15.00 KiB (+50.0%, threshold +20%), "
+            "one-sided Mann-Whitney U p=0.00397 over 5 vs 5 rounds") in ch.line()
+    (ch,) = gate.check_bench(_memory(KIB), _memory(KIB), rules)
+    assert ch.status == "unchanged" and not ch.failed
+    (ch,) = gate.check_bench(_memory(KIB), _memory([k * 0.5 for k in KIB]), rules)
+    assert ch.status == "improved"
+    # a noisy round is left out, as for msgs_per_s
+    (ch,) = gate.check_bench(_memory(KIB), _memory([k * 1.5 for k in KIB], noisy=[0]), rules)
+    assert ch.n_new == 4 and ch.status == "regression"
+    with pytest.raises(gate.GateSpecError, match="rss_per_conn_kib is better lower"):
+        gate.parse_fail_on("rss_per_conn_kib:-20%")
+
+
+def test_memory_per_connection_gate_on_a_run_saved_before_it_was_measured():
+    old = rf.echo("threads", 1000, BASE)  # no memory keys
+    rules = gate.parse_fail_on("rss_per_conn_kib:+20%")
+    assert gate.check_bench(old, old, rules) == []  # not gated: it has no such figure
+    assert gate.compare_one(old, old, "rss_per_conn_kib", 0.2).status == "no data"
+    (ch,) = gate.check_bench(old, _memory(KIB), rules)
+    assert ch.status == "no baseline" and not ch.failed and "the baseline has no rss_per_conn_kib" in ch.note
+
+
+def test_compare_gates_memory_per_connection(tmp_path, capsys):
+    from pyconcbench import cli
+
+    base = rf.save(tmp_path, "base", rf.run([_memory(KIB)]))
+    grown = rf.save(tmp_path, "grown", rf.run([_memory([k * 1.5 for k in KIB])]))
+    same = rf.save(tmp_path, "same", rf.run([_memory(KIB)]))
+    assert cli.main(["compare", str(base), str(same), "--fail-on", "rss_per_conn_kib:+20%"]) == 0
+    assert "**no regression**" in capsys.readouterr().out
+    assert cli.main(["compare", str(base), str(grown), "--fail-on", "rss_per_conn_kib:+20%"]) == 1
+    err = capsys.readouterr().err
+    assert "test_echo[threads-c1000-64B]: rss_per_conn_kib regressed 10.00 KiB -> 15.00 KiB (+50.0%" in err
+
+
 def test_time_metric_uses_pytest_benchmark_rounds():
     base = rf.echo("selectors", 10, BASE)
     slow = rf.echo("selectors", 10, [80.0, 81.0, 79.0, 80.5, 79.5])

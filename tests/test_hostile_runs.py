@@ -96,6 +96,28 @@ def test_wrong_types_and_missing_keys_are_refused_in_one_line(tmp_path, capsys, 
     _one_line_error(capsys, "bad.json", field)
 
 
+def test_memory_keys_are_optional_and_checked(tmp_path, capsys):
+    # a run saved before the server's memory was measured: no memory key anywhere, still read
+    old = _echo_run()
+    assert not any("rss" in k for k in old["benchmarks"][0]["extra_info"])
+    assert metrics.check_run(old) is None
+    assert metrics.check_run(rf.run([rf.echo("selectors", 10, BASE, rss=[10300] * 5)])) is None
+    for where, value in (("rss_per_conn_kib", "12.5"), ("server_rss_idle_kib", -1),
+                         ("server_rss_loaded_kib", [1]), ("rounds[1].rss_per_conn_kib", "x"),
+                         ("rounds[0].rss_kib", 1.5)):
+        run = rf.run([rf.echo("selectors", 10, BASE, rss=[10300] * 5)])
+        info = run["benchmarks"][0]["extra_info"]
+        if where.startswith("rounds"):
+            n, key = int(where[7]), where.split(".")[1]
+            info["rounds"][n][key] = value
+        else:
+            info[where] = value
+        assert metrics.check_run(run)[1] == f"extra_info.{where}", where
+        bad = _write(tmp_path / "bad.json", run)
+        assert cli.main(["report", bad]) == 2
+        _one_line_error(capsys, "bad.json", "test_echo[selectors-c10-64B]", f"extra_info.{where}")
+
+
 @pytest.mark.parametrize("mutate, field", [
     (lambda r: r.__setitem__("machine_info", "x"), "machine_info"),
     (lambda r: r["machine_info"].__setitem__("cpu", 3), "machine_info.cpu"),

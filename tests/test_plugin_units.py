@@ -128,6 +128,9 @@ class FakeServer:
     def check_alive(self):
         pass
 
+    def rss_kib(self):
+        return 20480
+
 
 class FakeSession:
     def __init__(self, results):
@@ -401,3 +404,79 @@ def test_ceiling_table_flags_an_engine_below_the_floor():
 def test_jain_is_saved_with_significant_digits_not_decimals():
     assert echo._sig(1 / 20000) == 5e-05
     assert echo._sig(0.987654) == 0.9877
+
+
+# ---- the server's memory (issue 14) -------------------------------------------------------------
+
+class MemoryServer(FakeServer):
+    """A server whose resident memory is scripted, each reading logged in ``events``."""
+
+    def __init__(self, readings, events):
+        self.readings, self.events = list(readings), events
+
+    def rss_kib(self):
+        if not self.readings:
+            raise harness.ServerError("server 'native_epoll' (pid 4242) exited with code -9")
+        self.events.append("rss")
+        return self.readings.pop(0)
+
+
+class LoggedSession(FakeSession):
+    """loadgen.LoadSession's stand-in: logs when it connects (and warms up) and each round."""
+
+    def __init__(self, spec, events, results):
+        super().__init__(results)
+        self.events, self.connect_seconds = events, 0.004
+
+    def __enter__(self):
+        self.events.append("connect+warm-up")
+        return self
+
+    def __exit__(self, *exc):
+        self.events.append("close")
+
+    def round(self):
+        self.events.append("round")
+        return super().round()
+
+
+def test_memory_is_read_idle_before_connecting_open_after_warm_up_and_after_each_round(fakes, monkeypatch):
+    events = []
+    # idle 10,000 KiB; 10,100 with 4 connections open; then 10,160, 10,200, 10,180 after the rounds
+    server = MemoryServer([10_000, 10_100, 10_160, 10_200, 10_180], events)
+    monkeypatch.setattr(loadgen, "LoadSession", lambda spec: LoggedSession(spec, events, [result()] * 3))
+    runner = EchoRunner(settings(rounds=3), EchoCase("native_epoll", 4, 64, "tcp"), server, probe_baseline=150.0)
+    fakes["probes"] += [150.0] * 6
+    fakes["snaps"] += snaps(0.2, 0.09) * 3
+    bench = type("Bench", (), {"pedantic": None, "extra_info": {}})()
+    runner.run(bench)
+    assert events == ["rss", "connect+warm-up", "rss"] + ["round", "rss"] * 3 + ["close"]
+    e = bench.extra_info
+    assert e["server_rss_idle_kib"] == 10_000 and e["server_rss_connected_kib"] == 10_100
+    assert [r["rss_kib"] for r in e["rounds"]] == [10_160, 10_200, 10_180]
+    assert [r["rss_per_conn_kib"] for r in e["rounds"]] == [40.0, 50.0, 45.0]  # (rss - idle) / 4
+    assert e["server_rss_loaded_kib"] == 10_180 and e["rss_per_conn_kib"] == 45.0  # the rounds' medians
+
+
+def test_a_server_whose_memory_cannot_be_read_fails_the_round(fakes):
+    # the server died after its round: its memory per connection would be unknown, never 0
+    runner = EchoRunner(settings(), EchoCase("native_epoll", 2, 64, "tcp"), MemoryServer([], []), probe_baseline=150.0)
+    fakes["probes"] += [150.0, 150.0]
+    fakes["snaps"] += snaps(0.2, 0.09)
+    with pytest.raises(harness.ServerError, match=r"^server 'native_epoll' \(pid 4242\) exited with code -9$"):
+        runner.one_round(FakeSession([result()]))
+    assert runner.records == []
+    with pytest.raises(harness.ServerError, match="exited with code -9"):
+        runner.read_idle_rss()
+
+
+def test_echo_table_shows_kib_per_connection():
+    lines = summary.echo_table([row("threads", 20_000, 30.0, rss_per_conn_kib=66.4567),
+                                row("native_epoll", 200_000, 5.0, rss_per_conn_kib=-0.25),
+                                row("selectors", 50_000, 9.0)])  # a run saved before memory was measured
+    head = next(line for line in lines if line.startswith("implementation"))
+    assert " KiB/conn  notes" in head
+    at = head.index("KiB/conn") + len("KiB/conn")  # right-aligned under its head
+    cells = {line.split()[0]: line[at - 8:at] for line in lines if line.split() and line.split()[0] in
+             ("threads", "native_epoll", "selectors")}
+    assert cells == {"threads": "    66.5", "native_epoll": "    -0.2", "selectors": "       -"}

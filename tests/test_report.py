@@ -375,3 +375,58 @@ def test_png_names_from_the_run_stay_in_the_folder_and_dollars_stay_text(tmp_pat
     written = sorted(p.name for p in out.iterdir())
     assert written and all("/" not in n and not n.startswith(".") for n in written), written
     assert not (tmp_path / "escaped").exists() and not list(tmp_path.parent.glob("*escaped*"))
+
+
+def memory_run():
+    """Three servers at 10 and 1,000 connections with their memory (idle 10 MiB each), and one
+    saved before the memory was measured."""
+    per_conn = {"native_epoll": (200000.0, {10: 0.0, 1000: 1.2}), "asyncio_protocol": (40000.0, {10: 5.0, 1000: 4.5}),
+                "threads": (20000.0, {10: 80.0, 1000: 70.0})}
+    benches = [rf.echo(impl, c, [rate] * 3, rss=[10240 + round(kib * c)] * 3, rss_idle=10240)
+               for impl, (rate, kibs) in per_conn.items() for c, kib in kibs.items()]
+    benches.append(rf.echo("selectors", 10, [50000.0] * 3))
+    return rf.run(benches)
+
+
+def test_report_memory_table_is_the_hand_computed_values(tmp_path, capsys):
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(memory_run()))
+    assert cli.main(["report", str(path)]) == 0
+    t = tables(capsys.readouterr().out)
+    # idle 10,240 KiB = 10.0 MiB; threads at 10: 10,240 + 800 = 11,040 KiB = 10.78 MiB, at 1,000:
+    # 10,240 + 70,000 = 80,240 KiB = 78.36 MiB; asyncio at 1,000: 14,740 KiB = 14.39 MiB; native
+    # at 1,000: 11,440 KiB = 11.17 MiB; selectors (saved before memory was measured): blank
+    assert t["Server memory: idle → with the connections open (MiB) · per connection (KiB) — TCP, 64B messages"] == [
+        ["implementation", "10 conns", "1,000 conns"],
+        ["native_epoll", "10.0 → 10.0 MiB · 0.0 KiB/conn", "10.0 → 11.2 MiB · 1.2 KiB/conn"],
+        ["selectors", "", ""],
+        ["asyncio_protocol", "10.0 → 10.0 MiB · 5.0 KiB/conn", "10.0 → 14.4 MiB · 4.5 KiB/conn"],
+        ["threads", "10.0 → 10.8 MiB · 80.0 KiB/conn", "10.0 → 78.4 MiB · 70.0 KiB/conn"]]
+
+
+def test_report_of_a_run_without_memory_has_no_memory_table(storage, capsys):
+    assert cli.main(["report", "--storage", str(storage), "0001"]) == 0
+    out = capsys.readouterr().out
+    assert "Echo throughput (msgs/s)" in out and "Server memory" not in out
+
+
+def test_report_plots_memory_per_connection(tmp_path, capsys, matplotlib_fonts):
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(memory_run()))
+    png, page = tmp_path / "png", tmp_path / "report.html"
+    assert cli.main(["report", str(path), "--png", str(png), "--html", str(page)]) == 0
+    assert sorted(p.name for p in png.iterdir()) == [
+        "echo-kib-per-conn-vs-connections-tcp-64B.png", "echo-msgs-vs-connections-tcp-64B.png",
+        "echo-p95-vs-connections-tcp-64B.png"]
+    plot = png / "echo-kib-per-conn-vs-connections-tcp-64B.png"
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and plot.stat().st_size > 10000
+    text = page.read_text()
+    assert text.count("src='data:image/png;base64,") == 3
+    assert "<figcaption>echo-kib-per-conn-vs-connections-tcp-64B.png</figcaption>" in text
+    assert "no plot: KiB per connection" not in capsys.readouterr().err
+    # a run saved before the memory was measured: said why there is no such plot
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(rf.run([rf.echo("threads", c, [1000.0] * 3) for c in (10, 100)])))
+    assert cli.main(["report", str(old), "--png", str(tmp_path / "old")]) == 0
+    assert "no plot: KiB per connection vs connections: no server's memory" in capsys.readouterr().err
+    assert not any("kib" in p.name for p in (tmp_path / "old").iterdir())

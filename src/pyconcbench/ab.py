@@ -318,8 +318,12 @@ class ABRunner:
 
     def run(self, benchmark: Any) -> ABOutcome:
         from . import echo, loadgen, rounds
+        for runner in self.runners.values():
+            runner.read_idle_rss()  # both servers before either load generator connects
         with loadgen.LoadSession(self.runners["a"].spec) as sa, loadgen.LoadSession(self.runners["b"].spec) as sb:
             sessions = {"a": sa, "b": sb}
+            for runner in self.runners.values():
+                runner.read_connected_rss()
 
             def measure(attempt: int) -> Tuple[Dict[str, Any], str, float]:
                 o = order(len(self.orders))

@@ -120,6 +120,7 @@ class RoundRecord:
     kept: str = rounds.CLEAN  # why this try stands for the round (rounds.Outcome.kept_because)
     speed_before: Optional[Dict[int, float]] = None  # cpu -> loop time / the best seen
     speed_after: Optional[Dict[int, float]] = None
+    rss_kib: Optional[int] = None  # the server's resident memory right after the round
 
 
 class EchoRunner:
@@ -134,6 +135,10 @@ class EchoRunner:
         self.probe_baseline = probe_baseline
         self.records: List[RoundRecord] = []
         self.rejected: List[RoundRecord] = []
+        #: the server's resident memory before the load generator connects, and with its
+        #: connections open after the warm-up (``read_idle_rss``, ``read_connected_rss``)
+        self.rss_idle_kib: Optional[int] = None
+        self.rss_connected_kib: Optional[int] = None
         cpus = settings.cpus
         self.judge = rounds.NoiseJudge(speed, probe_baseline, cpus)
         if settings.duration:
@@ -158,6 +163,17 @@ class EchoRunner:
         else:
             self.spec = loadgen.LoadSpec(transport="tcp", host=address[0], port=address[1], **common)
 
+    def read_idle_rss(self) -> None:
+        """The server's resident memory before the load generator connects (after its start
+        and the allocator pre-flight): what memory per connection is counted from.
+        ServerError when it cannot be read (the server died)."""
+        self.rss_idle_kib = self.server.rss_kib()
+
+    def read_connected_rss(self) -> None:
+        """The server's resident memory with the connections open, after the warm-up and
+        before the first measured round."""
+        self.rss_connected_kib = self.server.rss_kib()
+
     def _measure(self, session: loadgen.LoadSession, attempt: int) -> Tuple[RoundRecord, str, float]:
         """One try of a round, with the machine probed around it (rounds.measure_round)."""
         judge = self.judge
@@ -173,6 +189,7 @@ class EchoRunner:
             raise harness.ServerError(
                 f"cannot read server {self.case.impl!r}'s CPU time from "
                 f"/proc/{self.server.measured_pid}/task/*/schedstat: its CPU per message would be unknown")
+        rss = self.server.rss_kib()  # ServerError when unreadable: its memory per connection would be unknown
         probes_after = judge.probe()
         rec = RoundRecord(
             result=result,
@@ -182,6 +199,7 @@ class EchoRunner:
             other_cpu=after.other_since(before),
             probe_before=probes_before.cacheline_ns, probe_after=probes_after.cacheline_ns, noisy="",
             attempt=attempt, speed_before=judge.slowdown(probes_before), speed_after=judge.slowdown(probes_after),
+            rss_kib=rss,
         )
         rec.noisy = judge.reason(probes_before, probes_after, rec.other_cpu, result.elapsed)
         return rec, rec.noisy, finished - started
@@ -227,7 +245,9 @@ class EchoRunner:
 
     def run(self, benchmark: Any) -> "EchoOutcome":
         counts = None
+        self.read_idle_rss()
         with loadgen.LoadSession(self.spec) as session:
+            self.read_connected_rss()
             counter = None
             if self.settings.syscalls:
                 counter = syscalls.SyscallCounter(self.server.measured_pid).start()
@@ -301,6 +321,11 @@ class EchoOutcome:
         l_cpu = sum(r.loadgen_cpu_user + r.loadgen_cpu_sys for r in results)
         server = runner.server
         case = runner.case
+        # Memory: each round's resident memory (read right after it) less the idle server's,
+        # per connection; the headline is the median of the same rounds as the other figures'.
+        idle = runner.rss_idle_kib
+        loaded = [r.rss_kib for r in recs if r.rss_kib is not None]
+        per_conn = [_per_conn(rss, idle, case.connections) for rss in loaded]
         extra: Dict[str, Any] = {
             **metrics.stamp(metrics.ECHO),
             "impl": case.impl,
@@ -340,6 +365,11 @@ class EchoOutcome:
             "loadgen_cpu_us_per_msg": round(l_cpu / completed * 1e6, 3) if completed else None,
             "server_rss_kib": instruments.proc_status_kib(server.measured_pid, "VmRSS"),
             "server_rss_peak_kib": instruments.proc_status_kib(server.measured_pid, "VmHWM"),
+            "server_rss_idle_kib": idle,
+            "server_rss_connected_kib": runner.rss_connected_kib,
+            "server_rss_loaded_kib": round(statistics.median(loaded), 1) if loaded else None,
+            "rss_per_conn_kib": (round(statistics.median(per_conn), 3)
+                                 if per_conn and None not in per_conn else None),
             "pinning": runner.settings.pinning_note,
             "probe_baseline_ns": runner.probe_baseline,
             "cpu_speed_best_ns": ({str(c): round(v) for c, v in runner.speed.best.items()}
@@ -354,8 +384,8 @@ class EchoOutcome:
             "figures_from": (f"the {len(clean)} clean of {len(runner.records)} rounds" if clean
                              else f"all {len(runner.records)} rounds (none was clean)"),
             "timer": "wall time of the accepted load phase (perf_counter less probes and rejected noisy rounds)",
-            "rounds": [_round_dict(r) for r in runner.records],
-            "rejected_rounds": [_round_dict(r) for r in runner.rejected],
+            "rounds": [_round_dict(r, idle, case.connections) for r in runner.records],
+            "rejected_rounds": [_round_dict(r, idle, case.connections) for r in runner.rejected],
         }
         slow = os.environ.get(servers.SLOWDOWN_ENV, "").strip()
         if slow and case.impl in servers.SLOWDOWN_IMPLS:
@@ -367,7 +397,15 @@ class EchoOutcome:
         extra_info.update(self.extra)
 
 
-def _round_dict(rec: RoundRecord) -> Dict[str, Any]:
+def _per_conn(rss: Optional[int], idle: Optional[int], connections: int) -> Optional[float]:
+    """KiB of resident memory per connection: (``rss`` with the connections open - ``idle``)
+    / connections, None when either reading is missing."""
+    if rss is None or idle is None or connections <= 0:
+        return None
+    return round((rss - idle) / connections, 3)
+
+
+def _round_dict(rec: RoundRecord, idle: Optional[int] = None, connections: int = 0) -> Dict[str, Any]:
     r = rec.result
     cpu = rec.server_cpu
     return {
@@ -389,6 +427,8 @@ def _round_dict(rec: RoundRecord) -> Dict[str, Any]:
         "probe_after_ns": round(rec.probe_after, 1) if rec.probe_after else None,
         "cpu_speed_before": rounds.ratios(rec.speed_before),
         "cpu_speed_after": rounds.ratios(rec.speed_after),
+        "rss_kib": rec.rss_kib,
+        "rss_per_conn_kib": _per_conn(rec.rss_kib, idle, connections),
         "noisy": rec.noisy or None,
         "attempt": rec.attempt,
         "kept": rec.kept,

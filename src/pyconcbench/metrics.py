@@ -109,6 +109,9 @@ METRICS: Dict[str, Metric] = {m.name: m for m in (
            "99th percentile latency", (ECHO, ZMQ)),
     Metric("server_cpu_us_per_msg", False, "us", (("server_cpu_us_per_msg", "rounds", "server_cpu_us_per_msg"),),
            "the echo server's CPU per round trip", (ECHO,)),
+    Metric("rss_per_conn_kib", False, "KiB", (("rss_per_conn_kib", "rounds", "rss_per_conn_kib"),),
+           "the echo server's resident memory per open connection (its RSS after each round less its "
+           "RSS before the load generator connected, over the connections)", (ECHO,)),
     Metric("cpu_us_per_req", False, "us", (("cpu_us_per_req", "rounds", "cpu_us_per_req"),),
            "the ZeroMQ client's CPU per request", (ZMQ,)),
     Metric("ns_per_op", False, "ns", (("ns_per_op", "samples", "ns_per_op"),),
@@ -132,7 +135,11 @@ def _pair_keys(family: str) -> Dict[str, str]:
 #: the key of each side's per-round figure (and of its summary).  Saved per pair as B/A,
 #: summarised as an interval under ``intervals``.  Derived from METRICS: a metric gated for a
 #: family is compared in its A/B runs too (echo: msgs_per_s, the latencies, the server's CPU;
-#: zmq: requests_per_s, the latencies, the client's CPU; switch: ns_per_op).
+#: zmq: requests_per_s, the latencies, the client's CPU; switch: ns_per_op).  Echo's memory per
+#: connection is among them: each pair's B/A of the two servers' per-connection RSS after their
+#: rounds (readings of the same two processes, so its interval shows their drift over the run,
+#: not what a restart would move; a round with no growth, as native_epoll's at 10 connections
+#: can be, gives no ratio).
 AB_PAIR_KEYS: Dict[str, Dict[str, str]] = {f: _pair_keys(f) for f in AB_FAMILIES}
 #: Per family, the list of a side's per-round figures in its saved summary.
 AB_ROUNDS_KEY: Dict[str, str] = {f: next(m.sources[0][1] for m in METRICS.values() if f in m.families)
@@ -204,15 +211,20 @@ _WHAT = {TEXT: "a string", COUNT: "a whole number >= 0", INTEGER: "a whole numbe
 
 _ECHO_ROUND = {"msgs_per_s": NONNEG, "latency_p50_us": NONNEG, "latency_p90_us": NONNEG,
                "latency_p95_us": NONNEG, "latency_p99_us": NONNEG, "server_cpu_us_per_msg": NUMBER,
-               "elapsed": NONNEG, "noisy": SCALAR}
+               "elapsed": NONNEG, "noisy": SCALAR, "rss_kib": COUNT, "rss_per_conn_kib": NUMBER}
 _LATENCIES = {k: NONNEG for k in ("latency_p50_us", "latency_p90_us", "latency_p95_us", "latency_p99_us")}
 _INTERVAL = {"ratio": REQUIRED(NUMBER), "low": REQUIRED(NUMBER), "high": REQUIRED(NUMBER),
              "confidence": REQUIRED(NUMBER), "pairs": COUNT}
 _ENVIRONMENT = {"given": TEXT, "executable": TEXT, "python": TEXT, "pyconcbench": TEXT, "python_build": TEXT,
                 "gil_enabled": FLAG,
                 "libraries": MapOf(SCALAR), "env": MapOf(SCALAR)}
+#: The echo server's memory (absent in runs saved before it was measured): resident KiB idle
+#: (before the load generator connects), with the connections open after the warm-up, the median
+#: after the rounds; and per connection (can be below 0 when the server gave memory back).
+_ECHO_MEMORY = {"server_rss_idle_kib": COUNT, "server_rss_connected_kib": COUNT, "server_rss_loaded_kib": NONNEG,
+                "rss_per_conn_kib": NUMBER}
 _AB_SIDE = {"environment": _ENVIRONMENT, "msgs_per_s": NONNEG, **_LATENCIES, "server_cpu_us_per_msg": NUMBER,
-            "rounds": ListOf(_ECHO_ROUND)}
+            **_ECHO_MEMORY, "rounds": ListOf(_ECHO_ROUND)}
 _ALL_PAIR_METRICS = {m: NUMBER for keys in AB_PAIR_KEYS.values() for m in keys}
 
 #: extra_info of each family: key -> kind (a kind, a nested dict, ListOf, MapOf, REQUIRED(kind)).
@@ -223,7 +235,7 @@ FAMILY_FIELDS: Dict[str, Dict[str, Any]] = {
            "loadgen_cpu_share": NUMBER, "loadgen_bound": FLAG, "noisy_rounds_kept": COUNT,
            "fairness_jain": NUMBER, "fairness_min": NUMBER, "fairness_max": NUMBER,
            "starving_connections": COUNT, "plain": FLAG, "malloc": TEXT,
-           "alloc_syscalls_per_msg": MapOf(NUMBER), "rounds": ListOf(_ECHO_ROUND)},
+           "alloc_syscalls_per_msg": MapOf(NUMBER), **_ECHO_MEMORY, "rounds": ListOf(_ECHO_ROUND)},
     CEILING: {"impl": TEXT, "connections": REQUIRED(COUNT), "size": COUNT, "transport": TEXT,
               "msgs_per_s": REQUIRED(NONNEG), "engine_msgs_per_s": NONNEG, "engine_to_ceiling": NUMBER,
               "engine_to_ceiling_paired_median": NUMBER, "loadgen_cpu_share": NUMBER,

@@ -221,6 +221,9 @@ def echo_scale_tables(infos: Sequence[Dict[str, Any]], transport: str, size: int
         starving = i.get("starving_connections")
         return text + (f" ⚠ {starving} starving" if starving else "")
 
+    memory = memory_table(infos, where, cols, labels, cells)
+    if memory is not None:
+        tables.append(memory)
     tables.append(_table(f"Fairness — {where}",
                          "Jain's index of the per-connection round-trip counts (1 = perfectly even; the worst "
                          "round), with the fewest and most round trips one connection made in a round; "
@@ -228,6 +231,32 @@ def echo_scale_tables(infos: Sequence[Dict[str, Any]], transport: str, size: int
                          "the mean round trips per connection (the most of any round)",
                          cols, head, labels, cells, fair_cell))
     return tables
+
+
+MEMORY_NOTE = ("the server's resident memory (RSS): idle, after its start and pre-flight connections, before the "
+               "load generator connects → with the connections open (the median of the readings after the "
+               "rounds), in MiB · per connection: (open − idle) / connections, the median of the rounds', "
+               "in KiB (the gate's rss_per_conn_kib; below 0 when the server gave memory back). Runs saved "
+               "before the server's memory was measured show nothing")
+
+
+def memory_cell(i: Dict[str, Any]) -> str:
+    """'12.3 → 45.6 MiB · 3.4 KiB/conn'; '' when the run did not measure the server's memory."""
+    idle, loaded, per = i.get("server_rss_idle_kib"), i.get("server_rss_loaded_kib"), i.get("rss_per_conn_kib")
+    if idle is None and loaded is None and per is None:
+        return ""
+    return (f"{fmt_f(None if idle is None else idle / 1024, ',.1f')} → "
+            f"{fmt_f(None if loaded is None else loaded / 1024, ',.1f')} MiB · {fmt_f(per, ',.1f')} KiB/conn")
+
+
+def memory_table(infos: Sequence[Dict[str, Any]], where: str, cols: List[Any], labels: List[str],
+                 cells: Dict[Tuple[str, Any], Dict[str, Any]]) -> Optional[Table]:
+    """The server's memory at each connection count: idle and loaded RSS, KiB per connection;
+    None when no benchmark of the sweep measured it (a run saved before it was)."""
+    if not any(memory_cell(i) for i in infos):
+        return None
+    return _table(f"Server memory: idle → with the connections open (MiB) · per connection (KiB) — {where}",
+                  MEMORY_NOTE, cols, conns_label, labels, cells, lambda i, c: memory_cell(i))
 
 
 def echo_size_table(infos: Sequence[Dict[str, Any]], transport: str, connections: int) -> Table:

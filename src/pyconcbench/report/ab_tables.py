@@ -12,7 +12,8 @@ from pyconcbench.report.echo_tables import size_label
 #: Per family: the metric A, B and the verdict are given for, its unit, and the other metrics
 #: shown as B/A (column label, metric).
 COLUMNS: Dict[str, Tuple[str, str, Tuple[Tuple[str, str], ...]]] = {
-    metrics.ECHO: ("msgs_per_s", "msgs/s", (("p99", "latency_p99"), ("server CPU/msg", "server_cpu_us_per_msg"))),
+    metrics.ECHO: ("msgs_per_s", "msgs/s", (("p99", "latency_p99"), ("server CPU/msg", "server_cpu_us_per_msg"),
+                                            ("KiB/conn", "rss_per_conn_kib"))),
     metrics.SWITCH: ("ns_per_op", "ns/op", ()),
     metrics.ZMQ: ("requests_per_s", "req/s", (("p99", "latency_p99"), ("client CPU/req", "cpu_us_per_req"))),
 }
@@ -39,7 +40,10 @@ def note(family: str) -> str:
             "(its coverage in %; fewer than 6 "
             f"pairs cannot reach 95 %). Verdict on {unit} ({better} is better): B slower or faster when the "
             "whole interval is on one side of 1, else no difference shown; the gate (--fail-on) fails only "
-            "where the whole interval is beyond its threshold.")
+            "where the whole interval is beyond its threshold."
+            + (" KiB/conn: each server's resident memory per connection after its rounds; the readings are "
+               "of the same two processes, so its interval shows their drift over the run, not what a "
+               "restart would change." if family == metrics.ECHO else ""))
 
 
 def _ratio(iv: Dict[str, Any]) -> str:

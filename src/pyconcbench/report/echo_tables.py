@@ -4,7 +4,8 @@ One block per scale (connections x size x transport), implementations sorted by 
 A rate measured while the load generator was busy >= 90 % of a core is printed as a lower
 bound (">="); the server's CPU per message does not depend on the load generator and is the
 figure to compare there.  "overhead" is the server's CPU per round trip minus native_epoll's
-at the same scale: the concurrency model's own cost.
+at the same scale: the concurrency model's own cost.  "KiB/conn" is the server's resident memory
+per open connection (after the rounds, less its memory before the load generator connected).
 """
 from __future__ import annotations
 
@@ -70,7 +71,7 @@ def echo_table(rows: Iterable[Dict[str, Any]]) -> List[str]:
     for row in rows:
         groups.setdefault(_scale_key(row), []).append(row)
     header = (f"{'implementation':<{WIDTH}} {'msgs/s':>11} {'x native':>8} {'p50 us':>8} {'p99 us':>8} "
-              f"{'srv us/msg':>10} {'overhead':>8} {'user%':>5} {'srv cpu':>7} {'lg cpu':>6}  notes")
+              f"{'srv us/msg':>10} {'overhead':>8} {'user%':>5} {'srv cpu':>7} {'lg cpu':>6} {'KiB/conn':>8}  notes")
     lines: List[str] = []
     for (transport, size, conns), group in sorted(groups.items()):
         group.sort(key=lambda r: -r["msgs_per_s"])
@@ -101,7 +102,8 @@ def echo_table(rows: Iterable[Dict[str, Any]]) -> List[str]:
                 f"{r.get('label', r['impl']):<{WIDTH}} {rate:>11} {_fmt(ratio, '.2f'):>8} {r['latency_p50_us']:>8.1f} "
                 f"{r['latency_p99_us']:>8.1f} {_fmt(r.get('server_cpu_us_per_msg'), '.2f'):>10} "
                 f"{_fmt(overhead, '+.2f'):>8} {_fmt(None if user is None else user * 100, '.0f'):>5} "
-                f"{r['server_cpu_share'] * 100:>6.0f}% {r['loadgen_cpu_share'] * 100:>5.0f}%  "
+                f"{r['server_cpu_share'] * 100:>6.0f}% {r['loadgen_cpu_share'] * 100:>5.0f}% "
+                f"{_fmt(r.get('rss_per_conn_kib'), '.1f'):>8}  "
                 + "; ".join(notes)
             )
     return lines

@@ -2,6 +2,9 @@
 
     echo-msgs-vs-connections-<transport>-<size>.png   msgs/s against connections, log x
     echo-p95-vs-connections-<transport>-<size>.png    p95 latency against connections, log-log
+    echo-kib-per-conn-vs-connections-<transport>-<size>.png
+                                                      the server's resident KiB per connection
+                                                      against connections, log x
     echo-msgs-vs-size-<transport>-c<N>.png            msgs/s against message size, log x
     switch-depth.png                                  ns per switch against delegation depth
     switch-costs.png                                  bar chart of every switch cost, log scale
@@ -13,7 +16,7 @@ from __future__ import annotations
 
 import io
 import warnings
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from pyconcbench.report.results import Families
 from pyconcbench.report.echo_tables import BASELINE, size_label
@@ -68,7 +71,7 @@ def _look(plt, label: str) -> Dict[str, Any]:
 
 
 def _lines(plt, series: Dict[str, List[Tuple[float, float]]], title: str, xlabel: str, ylabel: str,
-           logx: bool, logy: bool, xticks: Sequence[Tuple[float, str]] = ()):
+           logx: bool, logy: bool, xticks: Sequence[Tuple[float, str]] = (), yformat: Optional[str] = ",.0f"):
     fig, ax = plt.subplots(figsize=(9, 5.5))
     # legend order: highest value at the largest x first, as the lines end
     order = sorted(series, key=lambda k: -sorted(series[k])[-1][1])
@@ -89,8 +92,10 @@ def _lines(plt, series: Dict[str, List[Tuple[float, float]]], title: str, xlabel
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(fontsize=7.5, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
     if not logy:
-        ax.yaxis.set_major_formatter(plt.FuncFormatter(lambda v, _: f"{v:,.0f}"))
-        ax.set_ylim(bottom=0)
+        if yformat is not None:
+            ax.yaxis.set_major_formatter(plt.FuncFormatter(lambda v, _: format(v, yformat)))
+        # from 0, or below it when a value is (memory a server gave back): never cut off
+        ax.set_ylim(bottom=min([0.0] + [y for pts in series.values() for _, y in pts]))
     data = _png(fig)
     plt.close(fig)
     return data
@@ -123,7 +128,7 @@ def _plot_all(fams: Families) -> Tuple[List[Tuple[str, bytes]], List[str]]:
     by_scale: Dict[Tuple[str, int], List[Dict[str, Any]]] = {}
     for i in infos:
         by_scale.setdefault((i["transport"], i["size"]), []).append(i)
-    drew_conns = False
+    drew_conns = drew_memory = False
     for (transport, size), group in sorted(by_scale.items()):
         conns = sorted({i["connections"] for i in group})
         if len(conns) < 2:
@@ -143,8 +148,22 @@ def _plot_all(fams: Families) -> Tuple[List[Tuple[str, bytes]], List[str]]:
         images.append((f"echo-p95-vs-connections-{transport}-{size_label(size)}.png",
                        _lines(plt, p95, f"Echo p95 latency vs connections ({where})", "connections (log)",
                               "p95 round-trip latency, µs (log)", True, True, ticks)))
+        # memory per connection: runs saved before the server's memory was measured have none
+        memory: Dict[str, List[Tuple[float, float]]] = {}
+        for i in group:
+            if isinstance(i.get("rss_per_conn_kib"), (int, float)):
+                memory.setdefault(_label(i), []).append((i["connections"], i["rss_per_conn_kib"]))
+        if len({c for pts in memory.values() for c, _ in pts}) >= 2:
+            drew_memory = True
+            images.append((f"echo-kib-per-conn-vs-connections-{transport}-{size_label(size)}.png",
+                           _lines(plt, memory, f"Server memory per connection vs connections ({where})",
+                                  "connections (log)", "resident KiB per connection", True, False, ticks,
+                                  yformat=None)))
     if not drew_conns:
         skipped.append("msgs/s and p95 vs connections: no implementation was run at two or more connection counts")
+    elif not drew_memory:
+        skipped.append("KiB per connection vs connections: no server's memory at two or more connection counts "
+                       "(runs saved before it was measured have none)")
 
     by_conns: Dict[Tuple[str, int], List[Dict[str, Any]]] = {}
     for i in infos:
