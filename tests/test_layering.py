@@ -16,7 +16,7 @@ WORKLOADS = ("pyconcbench.options", "pyconcbench.loopback", "pyconcbench.ab", "p
              "pyconcbench.plain", "pyconcbench.syscalls", "pyconcbench.gate", "pyconcbench.stats",
              "pyconcbench.metrics", "pyconcbench.micro", "pyconcbench.zmq", "pyconcbench.zmq.runner",
              "pyconcbench.cli", "pyconcbench.gobuild", "pyconcbench.broken", "pyconcbench.procs",
-             "pyconcbench.worker")
+             "pyconcbench.worker", "pyconcbench.conformance")
 
 
 def _loaded_after(module: str):
