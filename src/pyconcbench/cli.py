@@ -395,8 +395,8 @@ def cmd_check(args: argparse.Namespace, server_for=None) -> int:
         selected = list(dict.fromkeys(_csv(args.only)))
         unknown = [name for name in selected if name not in conformance.names()]
         if unknown or not selected:
-            return _fail(f"--only: unknown property {(unknown or [args.only])[0]!r}; known: "
-                         + ", ".join(conformance.names()))
+            what = f"unknown property {unknown[0]!r}" if unknown else f"no property named in {args.only!r}"
+            return _fail(f"--only: {what}; known: " + ", ".join(conformance.names()))
     plan = []
     for spec in dict.fromkeys(args.impls):  # every name is checked before any server starts
         for transport in transports:
