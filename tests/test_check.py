@@ -214,3 +214,13 @@ def test_concurrent_connections_catches_a_server_that_serves_only_some(monkeypat
     assert str(caught.value).startswith(
         "1000 concurrent connections over tcp: load stall: stalled: no round trip completed for 3.0 s; 500 of 1000 "
         "connections waiting for an echo"), caught.value
+
+
+def test_a_property_this_machine_cannot_check_is_said_and_exits_3(capsys, monkeypatch):
+    monkeypatch.setattr(conformance.shutil, "which", lambda name: None)
+    code, out, err = run_check(capsys, ["x", "--only", "backpressure,echo"],
+                               lambda spec, t: BrokenProcess("echo", 0, t))
+    assert code == 3
+    assert out == ["x: backpressure: not checked here: backpressure is proven from the kernel's side with `ss` "
+                   "(iproute2), which is not on PATH", "x: 1 of 2 properties hold, 1 not checked here"]
+    assert err == []
