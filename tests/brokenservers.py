@@ -15,8 +15,17 @@ apply to the first accepted connection ("connection 0") unless said otherwise:
     delay_one     connection 0 is never answered; the others are echoed
     duplicate     every chunk is echoed twice
     reset         echoes ``at`` bytes, then closes with SO_LINGER 0 (RST)
+    truncate      every connection: echoes ``at`` bytes, then half-closes (FIN) and discards
+                  whatever else it reads
+    capped        every connection: at most ``at`` are served at once; the others wait, accepted
+                  but unread, until one of those closes (a fixed pool of workers)
 
-For "connection refused", ``unused_tcp_address()`` names a port nobody listens on.
+``serve_function(kind, at)`` is the same server as a ``serve(sock, stop_fd, stats)`` function,
+for ``python -m pyconcbench.serve`` (``deaf=True``: it never looks at ``stop_fd``, so only
+SIGKILL ends it).
+
+For "connection refused", ``unused_tcp_address()`` names a port nobody listens on.  The
+client, ``connect`` and ``exchange``, is the conformance properties' (``pyconcbench.conformance``).
 """
 from __future__ import annotations
 
@@ -29,21 +38,24 @@ import tempfile
 import threading
 import time
 
-KINDS = ("echo", "flip", "close_mid", "stop_reading", "delay_one", "duplicate", "reset")
+from pyconcbench.conformance import connect, exchange  # noqa: F401 (the tests' client)
+
+KINDS = ("echo", "flip", "close_mid", "stop_reading", "delay_one", "duplicate", "reset", "truncate", "capped")
 STOP_TIMEOUT = 1.0
 MAX_LIFETIME = 120.0  # a server nobody stops ends itself after this long
 READ_SIZE = 65536
 
 
 class _Conn:
-    __slots__ = ("sock", "index", "received", "out", "then")
+    __slots__ = ("sock", "index", "received", "out", "then", "discard")
 
     def __init__(self, sock: socket.socket, index: int) -> None:
         self.sock = sock
         self.index = index
         self.received = 0  # bytes read from the client
         self.out = bytearray()  # bytes still to send
-        self.then = None  # None, "close" or "reset": what to do once `out` is flushed
+        self.then = None  # None, "close", "reset" or "half_close": what to do once `out` is flushed
+        self.discard = False  # half-closed: what it reads is dropped
 
 
 class BrokenServer:
@@ -64,6 +76,8 @@ class BrokenServer:
         self._stop_r = self._stop_w = None
         self._thread = None
         self._error = None
+        self._open = 0  # connections being served ("capped")
+        self._parked = []  # connections waiting for a place ("capped")
 
     def __enter__(self) -> "BrokenServer":
         if self.transport == "unix":
@@ -106,7 +120,8 @@ class BrokenServer:
         deadline = time.monotonic() + MAX_LIFETIME
         try:
             sel.register(self._listener, selectors.EVENT_READ, "accept")
-            sel.register(self._stop_r, selectors.EVENT_READ, "stop")
+            if self._stop_r is not None:
+                sel.register(self._stop_r, selectors.EVENT_READ, "stop")
             while time.monotonic() < deadline:
                 for key, _ in sel.select(1.0):
                     if key.data == "stop":
@@ -134,7 +149,10 @@ class BrokenServer:
         self.accepted += 1
         conns.append(conn)
         silent = self.kind == "stop_reading" or (self.kind == "delay_one" and conn.index == 0)
-        if not silent:
+        if self.kind == "capped" and self._open >= self.at:
+            self._parked.append(conn)
+        elif not silent:
+            self._open += 1
             sel.register(sock, selectors.EVENT_READ, conn)
 
     def _read(self, sel, conn: _Conn) -> None:
@@ -147,13 +165,20 @@ class BrokenServer:
         if not data:
             self._close(sel, conn)
             return
+        if conn.discard:
+            return
         conn.out += self._answer(conn, data)
         conn.received += len(data)
         self._flush(sel, conn)
 
     def _answer(self, conn: _Conn, data: bytes) -> bytes:
         """What connection ``conn`` sends back for ``data``; may schedule a close or reset."""
-        if conn.index != 0 or self.kind in ("echo", "delay_one"):
+        if self.kind == "truncate":
+            if conn.received + len(data) >= self.at:
+                conn.then = "half_close"
+                return data[: max(0, self.at - conn.received)]
+            return data
+        if conn.index != 0 or self.kind in ("echo", "delay_one", "capped"):
             return data
         if self.kind == "duplicate":
             return data + data
@@ -193,6 +218,10 @@ class BrokenServer:
         elif conn.then == "reset":
             conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             self._close(sel, conn)
+        elif conn.then == "half_close":
+            conn.then, conn.discard = None, True
+            conn.sock.shutdown(socket.SHUT_WR)
+            sel.modify(conn.sock, selectors.EVENT_READ, conn)
         else:
             sel.modify(conn.sock, selectors.EVENT_READ, conn)
 
@@ -202,6 +231,27 @@ class BrokenServer:
         except KeyError:
             pass
         conn.sock.close()
+        if self.kind == "capped":
+            self._open -= 1
+            if self._parked:  # its place goes to the longest waiting
+                waiting = self._parked.pop(0)
+                self._open += 1
+                sel.register(waiting.sock, selectors.EVENT_READ, waiting)
+
+
+def serve_function(kind: str, at: int = 200, deaf: bool = False):
+    """BrokenServer ``kind`` as a ``serve(sock, stop_fd, stats)`` function (pyconcbench.servers'
+    interface): it serves ``sock`` until ``stop_fd`` is readable, or, ``deaf``, until killed."""
+    def serve(sock, stop_fd, stats):
+        server = BrokenServer(kind, "unix" if sock.family == socket.AF_UNIX else "tcp", at=at)
+        sock.setblocking(False)
+        server._listener = sock
+        server._stop_r = None if deaf else stop_fd
+        server._run()
+        stats.accepted = server.accepted
+        if server._error is not None:
+            raise server._error
+    return serve
 
 
 def unused_tcp_address():
@@ -210,52 +260,3 @@ def unused_tcp_address():
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()
-
-
-def connect(address, timeout: float = 5.0) -> socket.socket:
-    """A connected client socket: ``address`` is (host, port) for TCP or a path for UNIX."""
-    if isinstance(address, str):
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    else:
-        sock = socket.socket(socket.AF_INET6 if ":" in address[0] else socket.AF_INET,
-                             socket.SOCK_STREAM)
-    try:
-        sock.settimeout(timeout)
-        sock.connect(address)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
-
-
-def exchange(sock: socket.socket, payload: bytes, timeout: float = 10.0) -> bytes:
-    """Sends ``payload`` while reading the answer, until len(payload) bytes came back, EOF,
-    or ``timeout``; returns what came back.  Sending and reading together means a server
-    with backpressure cannot deadlock against this client."""
-    deadline = time.monotonic() + timeout
-    sock.setblocking(False)
-    view = memoryview(payload)
-    received = bytearray()
-    with selectors.DefaultSelector() as sel:
-        sel.register(sock, selectors.EVENT_READ | selectors.EVENT_WRITE)
-        while len(received) < len(payload):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            for _, mask in sel.select(left):
-                if mask & selectors.EVENT_WRITE and view:
-                    try:
-                        view = view[sock.send(view[:READ_SIZE]):]
-                    except BlockingIOError:
-                        pass
-                    if not view:
-                        sel.modify(sock, selectors.EVENT_READ)
-                if mask & selectors.EVENT_READ:
-                    try:
-                        chunk = sock.recv(READ_SIZE)
-                    except BlockingIOError:
-                        continue
-                    if not chunk:
-                        return bytes(received)
-                    received += chunk
-    return bytes(received)

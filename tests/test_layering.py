@@ -16,7 +16,8 @@ WORKLOADS = ("pyconcbench.options", "pyconcbench.loopback", "pyconcbench.ab", "p
              "pyconcbench.plain", "pyconcbench.syscalls", "pyconcbench.gate", "pyconcbench.stats",
              "pyconcbench.metrics", "pyconcbench.micro", "pyconcbench.zmq", "pyconcbench.zmq.runner",
              "pyconcbench.cli", "pyconcbench.gobuild", "pyconcbench.broken", "pyconcbench.procs",
-             "pyconcbench.worker", "pyconcbench.suite", "pyconcbench.examples", "pyconcbench.examples.echo_server")
+             "pyconcbench.worker", "pyconcbench.suite", "pyconcbench.examples", "pyconcbench.examples.echo_server",
+             "pyconcbench.conformance")
 
 
 def _loaded_after(module: str):

@@ -1,5 +1,6 @@
-"""python -m pyconcbench.serve: its command line, its refusals, and every implementation
-through the same conformance test (started with the harness, checked with a plain socket)."""
+"""python -m pyconcbench.serve: its command line, its refusals, and every implementation through
+two of the conformance properties (``pyconcbench.conformance``: echo over TCP and UNIX, SIGTERM
+with connections open) with the usage report each leaves; test_conformance.py runs the rest."""
 import json
 import os
 import signal
@@ -11,11 +12,8 @@ import pytest
 
 from brokenservers import connect, exchange
 from skipping import start_or_skip
-from pyconcbench import harness, serve, servers
+from pyconcbench import conformance, harness, serve, servers
 from pyconcbench.harness import ServerProcess
-
-PAYLOAD_SIZES = (1, 64, 100 * 1024, 1024 * 1024)
-
 
 def run_serve(*args, env=None, timeout=30):
     return subprocess.run(
@@ -29,10 +27,6 @@ def started(impl, **kwargs):
     """A started ServerProcess; skips when the implementation cannot run here."""
     server = ServerProcess(impl, **kwargs)
     return start_or_skip(server)
-
-
-def payload(size):
-    return bytes((i * 7 + size) & 0xFF for i in range(size))
 
 
 def test_help():
@@ -128,24 +122,18 @@ def test_exits_at_once_when_its_parent_is_already_gone():
 @pytest.mark.parametrize("transport", ["tcp", "unix"])
 @pytest.mark.parametrize("impl", list(servers.IMPLS))
 def test_echo_conformance(impl, transport):
+    """The echo property (1 B .. 1 MiB byte for byte, and a second connection), then the usage
+    report counts exactly what it sent."""
     server = started(impl, transport=transport)
     with server:
         assert server.ready["impl"] == impl
         assert server.ready["transport"] == transport
         assert server.ready["pid"] == server.pid
-        sent = 0
-        with connect(server.address) as sock:
-            for size in PAYLOAD_SIZES:
-                data = payload(size)
-                assert exchange(sock, data) == data, "%d B echo differs" % size
-                sent += size
-        with connect(server.address) as other:
-            assert exchange(other, b"second connection") == b"second connection"
-            sent += len(b"second connection")
+        conformance.echo(server)
         usage = server.stop()
     assert usage.impl == impl
-    assert usage.accepted == 2
-    assert usage.bytes == sent
+    assert usage.accepted == conformance.ECHO_CONNECTIONS
+    assert usage.bytes == conformance.ECHO_BYTES
     assert usage.errors == 0
     assert usage.signal == "SIGTERM"
     assert usage.user + usage.system > 0
@@ -154,28 +142,13 @@ def test_echo_conformance(impl, transport):
 
 @pytest.mark.parametrize("impl", list(servers.IMPLS))
 def test_sigterm_with_connections_open_exits_promptly(impl):
-    # "Promptly" is stop()'s own bound: still running 15 s after SIGTERM, the server is killed
-    # and stop() raises.  Generous, so a descheduled server cannot fail it; one that waits for
-    # its connections to end (they never do here) always does.
-    server = started(impl, stop_timeout=15.0)
+    """The sigterm property (exit status 0 within conformance.STOP_TIMEOUT of SIGTERM, with
+    idle, held-back and active connections open), then the usage report of that stop."""
+    server = started(impl, stop_timeout=conformance.STOP_TIMEOUT)
     with server:
-        idle = [connect(server.address) for _ in range(5)]
-        # One client that sends a lot and reads nothing: the server is stuck on backpressure.
-        stuck = connect(server.address)
-        stuck.setblocking(False)
-        try:
-            for _ in range(1000):
-                stuck.send(b"x" * 65536)
-        except BlockingIOError:
-            pass
-        busy = connect(server.address)
-        assert exchange(busy, b"ping") == b"ping"
-        try:
-            usage = server.stop()
-        finally:
-            for sock in idle + [stuck, busy]:
-                sock.close()
-    assert usage.accepted == 7
+        conformance.sigterm(server)
+        usage = server.stop()  # the report of the stop the property made
+    assert usage.accepted == conformance.SIGTERM_CONNECTIONS
     assert usage.signal == "SIGTERM"
 
 

@@ -11,10 +11,9 @@ import time
 
 import pytest
 
-import backpressure
 from brokenservers import connect, exchange
 from skipping import start_or_skip
-from pyconcbench import servers
+from pyconcbench import conformance, servers
 from pyconcbench.harness import ServerProcess
 
 MODELS = [
@@ -36,8 +35,8 @@ def started(impl, **kwargs):
 def send_until_stalled(sock, server, timeout=30.0):
     """Sends distinct random chunks, reading nothing, until the server is proven to hold back
     (unread bytes in its end of the connection while all its threads sleep: see
-    tests/backpressure.py, not a timer a descheduled server could trip); returns what was sent."""
-    return backpressure.send_until_backpressure(sock, server.measured_pid, CHUNK, UNBOUNDED, timeout)
+    pyconcbench.conformance, not a timer a descheduled server could trip); returns what was sent."""
+    return conformance.send_until_backpressure(sock, server.measured_pid, CHUNK, UNBOUNDED, timeout)
 
 
 def read_exactly(sock, size, timeout=20.0):

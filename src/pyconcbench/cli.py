@@ -1,12 +1,17 @@
-"""``pyconcbench``: the suite, reports and the offline regression gate over saved runs.
+"""``pyconcbench``: the suite, reports and the offline regression gate over saved runs, and the
+conformance suite against any echo server.
 
     pyconcbench run [--profile quick|full] [--family echo,switch,zmq,ceiling] [--no-save] [PYTEST ARGS]
     pyconcbench report [RUN ...] [--png DIR] [--html FILE] [--by-python]
     pyconcbench compare BASE NEW [--fail-on EXPR] [--markdown FILE]
     pyconcbench compare AB_RUN [--fail-on EXPR]          (an interleaved A/B run gates itself)
     pyconcbench ab --a PYTHON_OR_VENV --b PYTHON_OR_VENV [--fail-on EXPR] [-- PYTEST ARGS]
+    pyconcbench check IMPL [IMPL ...] [--transport tcp,unix] [--only PROPERTY,...] [-v]
 
 Exit status: 0 done (no regression), 1 regression found, 2 usage error or unreadable run.
+``check``: 0 every property holds, 1 some failed, 2 usage error, 3 not available here, 4 our
+own code broken.  Only ``check`` loads servers, the harness and the load engine, and only when
+it runs (imported in ``cmd_check``): the rest reads saved JSON on any machine.
 """
 from __future__ import annotations
 
@@ -113,7 +118,38 @@ def parser() -> argparse.ArgumentParser:
                         "for the last two), or a path to a test file. Default: %(default)s")
     a.add_argument("pytest_args", nargs=argparse.REMAINDER, metavar="-- PYTEST ARGS",
                    help="passed to pytest after '--', e.g. -- --pcb-impl uvloop_protocol --pcb-conns 100")
+
+    k = sub.add_parser("check", help="the conformance suite against echo servers: one line per failed property",
+                       description="Starts each server and checks what every echo server must do: "
+                                   + "; ".join(CHECK_PROPERTIES.values()) + ". Prints one line per failed "
+                                   "property (IMPL: PROPERTY: what failed) and a summary line per server. "
+                                   "Exit 0 every property holds, 1 some failed (or the server did not start), "
+                                   "2 usage error, 3 not available here (a package or tool missing), "
+                                   "4 pyconcbench's own code broken.")
+    k.add_argument("impls", nargs="+", metavar="IMPL",
+                   help="a server: an implementation id (native_epoll, asyncio_protocol, ...: "
+                        "python -m pyconcbench.serve --help lists them)")
+    k.add_argument("--transport", default="tcp", metavar="tcp,unix",
+                   help="comma-separated: the transports to check each server over. Default: %(default)s")
+    k.add_argument("--only", metavar="PROPERTY,...",
+                   help="comma-separated: check only these properties: " + ", ".join(CHECK_PROPERTIES))
+    k.add_argument("-v", "--verbose", action="store_true",
+                   help="also print a line for each property that holds, with the seconds it took")
     return p
+
+
+#: `pyconcbench check`'s properties (pyconcbench.conformance.PROPERTIES, which the cli must not
+#: import to build its help; tests/test_check.py keeps the two the same).
+CHECK_PROPERTIES = {
+    "echo": "echo: 1 B .. 1 MiB back byte for byte",
+    "partial_io": "partial_io: a message dribbled in small pieces, read back in small pieces",
+    "one_connection_load": "one_connection_load: 2000 round trips on one connection",
+    "concurrent_connections": "concurrent_connections: 1,000 concurrent connections, each served",
+    "client_vanishes": "client_vanishes: clients vanishing mid-message break nothing",
+    "idle_connections": "idle_connections: idle connections stay open",
+    "backpressure": "backpressure: a client that never reads leaves the server's memory bounded",
+    "sigterm": "sigterm: exit status 0 on SIGTERM with connections open (checked last)",
+}
 
 
 #: The benchmarks `pyconcbench ab` runs by default (a family of the suite shipped in the package).
@@ -414,13 +450,120 @@ def cmd_ab(args: argparse.Namespace) -> int:
     return {0: 0, 1: 1}.get(code, 2)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def _server_for(spec: str, transport: str):
+    """The server ``check`` runs for ``spec`` over ``transport``, not started: an implementation
+    id of the registry; anything with a ':' (a user's own serve function, ``pkg.module:func`` or
+    ``path/to/file.py:func``) is passed to ServerProcess unchanged.  servers.UnknownImpl for
+    anything else; ValueError when the server cannot be made as asked."""
+    from pyconcbench import conformance, harness, servers
+
+    if spec not in servers.IMPLS and ":" not in spec:
+        servers.load(spec)  # raises UnknownImpl, with the known ids, before importing anything
+    return harness.ServerProcess(spec, transport=transport, cpu=None, stop_timeout=conformance.STOP_TIMEOUT)
+
+
+def _csv(text: str) -> list:
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+def _say(line: str, err: bool = False) -> None:
+    print(one_line(line), file=sys.stderr if err else sys.stdout, flush=True)
+
+
+def cmd_check(args: argparse.Namespace, server_for=None) -> int:
+    """Every server named, over every transport: the properties' verdicts, one line per failure
+    and a summary per server.  ``server_for(spec, transport)`` makes a server that is not
+    started yet (``_server_for``; tests inject their own)."""
+    # here, not at the top: the report side of this module never loads a server or the engine
+    from pyconcbench import conformance, servers
+
+    make = server_for or _server_for
+    transports = _csv(args.transport)
+    if not transports or any(t not in ("tcp", "unix") for t in transports):
+        return _fail(f"--transport: expected tcp, unix or tcp,unix, got {args.transport!r}")
+    transports = list(dict.fromkeys(transports))
+    selected = conformance.names()
+    if args.only is not None:
+        selected = list(dict.fromkeys(_csv(args.only)))
+        unknown = [name for name in selected if name not in conformance.names()]
+        if unknown or not selected:
+            what = f"unknown property {unknown[0]!r}" if unknown else f"no property named in {args.only!r}"
+            return _fail(f"--only: {what}; known: " + ", ".join(conformance.names()))
+    plan = []
+    for spec in dict.fromkeys(args.impls):  # every name is checked before any server starts
+        for transport in transports:
+            try:
+                plan.append((spec, transport, make(spec, transport)))
+            except servers.UnknownImpl as exc:
+                return _fail(str(exc))
+            except ValueError as exc:
+                return _fail(f"{spec}: {exc}")
+    codes = []
+    try:
+        for spec, transport, first in plan:
+            label = spec if len(transports) == 1 else f"{spec} ({transport})"
+            codes.append(_check_one(label, first, lambda s=spec, t=transport: make(s, t), selected, args.verbose))
+    except KeyboardInterrupt:
+        _say("pyconcbench check: interrupted", err=True)
+        return 130
+    return 4 if 4 in codes else 1 if 1 in codes else 3 if 3 in codes else 0
+
+
+def _check_one(label: str, first, make, selected: Sequence[str], verbose: bool) -> int:
+    """Checks one server (``first``, then ``make()`` for each fresh one); its exit status."""
+    from pyconcbench import conformance, harness
+
+    pending = [first]
+
+    def start():
+        server = pending.pop() if pending else make()
+        server.start()
+        return server
+
+    counts = {conformance.HOLDS: 0, conformance.FAILED: 0, conformance.UNCHECKED: 0}
+    stopped = None
+    try:
+        for outcome in conformance.run(start, selected):
+            counts[outcome.status] += 1
+            if outcome.status == conformance.FAILED:
+                _say(f"{label}: {outcome.name}: {outcome.message}")
+            elif outcome.status == conformance.UNCHECKED:
+                _say(f"{label}: {outcome.name}: not checked here: {outcome.message}")
+            elif verbose:
+                _say(f"{label}: {outcome.name}: holds ({outcome.seconds:.1f} s)")
+    except harness.ServerUnavailable as exc:
+        _say(f"{label}: not available here: {conformance.one_line(exc)}", err=True)
+        return 1 if counts[conformance.FAILED] else 3
+    except harness.ServerBroken as exc:
+        _say(f"{label}: pyconcbench's own code is broken: {conformance.one_line(exc)}", err=True)
+        return 4
+    except harness.ServerError as exc:
+        stopped = f"the server does not start: {conformance.one_line(exc)}"
+    total = len(selected)
+    failed, unchecked = counts[conformance.FAILED], counts[conformance.UNCHECKED]
+    not_run = total - sum(counts.values())
+    if stopped:
+        _say(f"{label}: {stopped}")
+    if failed or not_run:
+        summary = f"{label}: {failed} of {total} failed"
+    else:
+        summary = f"{label}: {counts[conformance.HOLDS]} of {total} properties hold"
+    summary += f", {unchecked} not checked here" if unchecked else ""
+    summary += f", {not_run} not run" if not_run else ""
+    _say(summary)
+    return 1 if failed or stopped else 3 if unchecked else 0
+
+
+def main(argv: Optional[Sequence[str]] = None, *, server_for=None) -> int:
+    """The ``pyconcbench`` command.  ``server_for``: how ``check`` makes a server (tests)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["run"]:
         # everything after `run` is pytest's: argparse would take its options for ours
         return cmd_run(argv[1:])
     args = parser().parse_args(argv)
     try:
+        if args.command == "check":
+            return cmd_check(args, server_for)
         if args.command == "report":
             return cmd_report(args)
         if args.command == "ab":
