@@ -173,5 +173,22 @@ def test_a_baseline_saved_from_tests_bench_still_matches_the_packaged_suite():
 def test_the_example_is_valid_python_of_twenty_odd_lines():
     code = EXAMPLE.read_text()
     compile(code, str(EXAMPLE), "exec")
-    assert len(code.strip().splitlines()) <= 30
+    assert len(code.strip().splitlines()) <= 36
     assert textwrap.dedent(code) == code
+
+
+def test_the_example_passes_the_conformance_suite(capsys):
+    assert cli.main(["check", f"{EXAMPLE}:serve"]) == 0
+    assert capsys.readouterr().out.splitlines() == [f"{EXAMPLE}:serve: 8 of 8 properties hold"]
+
+
+def test_check_names_what_a_users_server_gets_wrong(tmp_path, monkeypatch, capsys):
+    """The example without its two flow-control methods buffers without bound."""
+    code = EXAMPLE.read_text()
+    start = code.index("    def pause_writing")
+    (tmp_path / "greedy.py").write_text(code[:start] + code[code.index("\n\n\ndef serve"):])
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["check", "greedy.py:serve", "--only", "backpressure,echo"]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 2 and out[0].startswith("greedy.py:serve: backpressure: a client that sends and never reads")
+    assert out[1] == "greedy.py:serve: 1 of 2 failed"

@@ -14,6 +14,12 @@ class Echo(asyncio.Protocol):
         self.stats.bytes += len(data)
         self.transport.write(data)
 
+    def pause_writing(self):  # a client that does not read: stop reading from it
+        self.transport.pause_reading()
+
+    def resume_writing(self):
+        self.transport.resume_reading()
+
 
 def serve(sock, stop_fd, stats):
     """Serves the listening socket `sock` until the file descriptor `stop_fd` is readable."""
