@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
-from . import harness, instruments, loadgen, machine, metrics, plain, rounds, servers, syscalls
+from . import explain, harness, instruments, loadgen, machine, metrics, plain, rounds, servers, syscalls
 from .options import PROFILES, Settings, per_connection
 from .report.echo_tables import size_label
 
@@ -37,6 +37,7 @@ class EchoCase:
     malloc: str = harness.MALLOC_DEFAULT
     plain: bool = False
     count_alloc: bool = field(default=False, compare=False)
+    explain: bool = field(default=False, compare=False)  # trace one untimed round (pyconcbench.explain)
 
     @property
     def scale(self) -> str:
@@ -92,8 +93,22 @@ def echo_cases(settings: Settings) -> List[EchoCase]:
     for case in out:
         key = (case.impl, case.connections, case.size, case.transport)
         states[key] = states.get(key, 0) + (not case.plain)
-    return [dataclasses.replace(c, count_alloc=states[(c.impl, c.connections, c.size, c.transport)] > 1)
-            for c in out]
+    out = [dataclasses.replace(c, count_alloc=states[(c.impl, c.connections, c.size, c.transport)] > 1)
+           for c in out]
+    if not settings.explain:
+        return out
+    # One traced round per implementation: at 100 connections x 64 B over TCP when the run has
+    # it (where every implementation is compared), else at its first representative case.
+    chosen: Dict[str, int] = {}
+    for i, case in enumerate(out):
+        if case.plain or case.malloc != harness.MALLOC_DEFAULT:
+            continue
+        before = chosen.get(case.impl)
+        if before is None or (case.scale == "c100-64B" and out[before].scale != "c100-64B"):
+            chosen[case.impl] = i
+    for i in chosen.values():
+        out[i] = dataclasses.replace(out[i], explain=True)
+    return out
 
 
 _TOOL_CACHE: Dict[str, Optional[str]] = {}
@@ -224,24 +239,44 @@ class EchoRunner:
         """msgs/s of the clean rounds so far (what Plan.done reads)."""
         return [r.result.msgs_per_s for r in self.records if not r.noisy]
 
-    def count_allocator(self, session: loadgen.LoadSession) -> Dict[str, Any]:
-        """The server's allocator syscalls per round trip over one extra round after the
-        measured ones (untimed: perf's tracepoints slow the calls they count), to show the
-        state it ran in; ``alloc_syscalls_per_msg`` is None with the reason when it cannot count."""
+    def traced_round(self, session: loadgen.LoadSession,
+                     names: Tuple[str, ...]) -> Tuple[Optional[Dict[str, int]], int, str]:
+        """One extra round after the measured ones with the server's syscalls counted (untimed:
+        perf's tracepoints slow the calls they count): (counts, round trips, tool), or (None, 0,
+        why) when they cannot be counted here."""
         tool = syscall_tool()
         if tool is None:
-            return {"alloc_syscalls_per_msg": None,
-                    "alloc_syscalls_note": "not counted: needs perf (linux-perf) or strace on PATH"}
-        counter = syscalls.SyscallCounter(self.server.measured_pid, tool, names=syscalls.ALLOCATOR).start()
+            return None, 0, "not counted: needs perf (linux-perf) or strace on PATH"
+        try:
+            counter = syscalls.SyscallCounter(self.server.measured_pid, tool, names=names).start()
+        except syscalls.SyscallCountError as exc:
+            return None, 0, f"not counted: {exc}"
         try:
             result = session.round()
         finally:
-            counts = counter.stop()
-        per = {name: round(counts.get(name, 0) / result.completed, 3) for name in syscalls.ALLOCATOR}
-        per["total"] = round(counts.get("total", 0) / result.completed, 3)
+            try:
+                counts = counter.stop()
+            except syscalls.SyscallCountError as exc:
+                counts, why = None, f"not counted: {exc}"
+        if counts is None:
+            return None, 0, why
+        return counts, result.completed, tool
+
+    @staticmethod
+    def allocator_record(counts: Optional[Dict[str, int]], completed: int, tool: str) -> Dict[str, Any]:
+        """The allocator's syscalls per round trip of a traced round, to show the state the
+        server ran in; ``alloc_syscalls_per_msg`` is None with the reason when not counted."""
+        if counts is None or completed <= 0:
+            return {"alloc_syscalls_per_msg": None, "alloc_syscalls_note": tool}
+        per = {name: round(counts.get(name, 0) / completed, 3) for name in syscalls.ALLOCATOR}
+        per["total"] = round(counts.get("total", 0) / completed, 3)
         return {"alloc_syscalls_per_msg": per,
                 "alloc_syscalls_note": f"counted with {tool} over one extra, untimed round of "
-                                       f"{result.completed} round trips after the measured ones"}
+                                       f"{completed} round trips after the measured ones"}
+
+    def count_allocator(self, session: loadgen.LoadSession) -> Dict[str, Any]:
+        """The allocator record over one traced round of the allocator's calls only."""
+        return self.allocator_record(*self.traced_round(session, syscalls.ALLOCATOR))
 
     def run(self, benchmark: Any) -> "EchoOutcome":
         counts = None
@@ -257,7 +292,17 @@ class EchoRunner:
             finally:
                 if counter is not None:
                     counts = counter.stop()
-            alloc = self.count_allocator(session) if self.case.count_alloc else None
+            alloc = explained = None
+            if self.case.explain and counts is None:
+                # one traced round of every named call: the explanation, and the allocator's share
+                traced, completed, tool = self.traced_round(session, syscalls.NAMED)
+                explained = (explain.record(traced, completed, tool, self.case.id, self.case.size)
+                             if traced is not None
+                             else explain.unavailable(tool, self.case.id))
+                if self.case.count_alloc:
+                    alloc = self.allocator_record(traced, completed, tool)
+            elif self.case.count_alloc:
+                alloc = self.count_allocator(session)
         outcome = EchoOutcome.from_records(self, session.connect_seconds)
         if alloc is not None:
             outcome.extra.update(alloc)
@@ -267,6 +312,11 @@ class EchoRunner:
             outcome.extra["syscalls_tool"] = counter.tool
             outcome.extra["syscalls_per_msg"] = syscalls.per_message(counts, messages)
             outcome.extra["syscalls_note"] = "counted with tracing on: rates are lower than without"
+            if self.case.explain:  # the measured rounds were traced already: explained from them
+                explained = explain.record(counts, messages, counter.tool, self.case.id, self.case.size)
+                explained["note"] = "the measured rounds, traced (--pcb-syscalls)"
+        if explained is not None:
+            outcome.extra["explain"] = explained
         outcome.fill(benchmark.extra_info)
         return outcome
 

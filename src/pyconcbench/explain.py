@@ -15,8 +15,12 @@ from typing import Any, Dict, List, Optional
 
 #: Calls that wait for readiness: one per loop iteration.
 WAITS = ("epoll_wait", "epoll_pwait", "epoll_pwait2", "poll", "ppoll", "select", "pselect6")
-#: Calls that move bytes.
-IO = ("read", "write", "readv", "writev", "recvfrom", "sendto", "recvmsg", "sendmsg", "recvmmsg", "sendmmsg")
+#: Calls that receive bytes.
+READS = ("read", "readv", "recvfrom", "recvmsg", "recvmmsg")
+#: A message of at most this size arrives in one read: more reads per round trip are reads that
+#: found nothing (EAGAIN) before the wait.
+ONE_READ_SIZE = 4096
+EXTRA_READS_PER_MSG = 0.8
 #: Counts per round trip at or above which a finding is worth a note in the table.
 ALLOCATOR_PER_MSG = 0.5
 SWITCHES_PER_MSG = 0.5
@@ -40,7 +44,7 @@ def top_calls(per: Dict[str, Any], n: int = 3) -> List[str]:
     return [f"{k} {v:.2f}" for k, v in named]
 
 
-def findings(per: Dict[str, Any]) -> List[Dict[str, str]]:
+def findings(per: Dict[str, Any], size: Optional[int] = None) -> List[Dict[str, str]]:
     """What the counts per round trip say, each {"key", "text", "note"}: ``text`` the sentence
     for the report's block, ``note`` (may be '') its short form for the table's notes column,
     given only to what explains a rate (the allocator, thread wake-ups, locks)."""
@@ -80,6 +84,11 @@ def findings(per: Dict[str, Any]) -> List[Dict[str, str]]:
         out.append({"key": "wakeups", "note": "",
                     "text": f"{1 / waits:.1f} round trips per readiness wait: the loop handles several "
                             "connections per wake-up"})
+    reads = sum(_get(per, k) for k in READS)
+    if size is not None and size <= ONE_READ_SIZE and reads - 1 >= EXTRA_READS_PER_MSG:
+        out.append({"key": "reads", "note": f"{reads:.1f} reads per round trip",
+                    "text": f"{reads:.1f} reads per round trip for a message that arrives in one: a read that "
+                            "finds nothing (EAGAIN) before each wait"})
     ctl = _get(per, "epoll_ctl")
     if ctl >= EPOLL_CTL_PER_MSG:
         out.append({"key": "epoll_ctl", "note": f"epoll_ctl {ctl:.1f} per round trip",
@@ -88,12 +97,13 @@ def findings(per: Dict[str, Any]) -> List[Dict[str, str]]:
     return out
 
 
-def record(counts: Dict[str, int], completed: int, tool: str, case_id: str) -> Dict[str, Any]:
+def record(counts: Dict[str, int], completed: int, tool: str, case_id: str,
+           size: Optional[int] = None) -> Dict[str, Any]:
     """The saved ``explain`` record of one traced round: counts per round trip and findings."""
     per: Dict[str, float] = {}
     if completed > 0:
         per = {k: round(v / completed, 3) for k, v in sorted(counts.items(), key=lambda kv: -kv[1]) if v}
-    return {"tool": tool, "round_trips": completed, "case": case_id, "per_msg": per, "findings": findings(per),
+    return {"tool": tool, "round_trips": completed, "case": case_id, "per_msg": per, "findings": findings(per, size),
             "note": f"one extra, untimed round of {completed} round trips traced with {tool} after the "
                     "measured ones"}
 
@@ -102,9 +112,3 @@ def unavailable(why: str, case_id: str) -> Dict[str, Any]:
     """The record when the round could not be traced."""
     return {"tool": None, "round_trips": 0, "case": case_id, "per_msg": {}, "findings": [], "note": why}
 
-
-def notes(explained: Optional[Dict[str, Any]]) -> List[str]:
-    """The short notes of a saved record for the table (those that explain a rate)."""
-    if not isinstance(explained, dict):
-        return []
-    return [f["note"] for f in explained.get("findings") or [] if isinstance(f, dict) and f.get("note")]

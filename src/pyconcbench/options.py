@@ -377,6 +377,9 @@ OPTIONS: Dict[str, Tuple[Callable[[str], Any], Optional[str], str, str]] = {
     "require": (parse_require, None, "implementations this run must measure, comma-separated (echo servers, "
                 "ZeroMQ modes, switch microbenchmarks or families such as go): one that is not selected, "
                 "or skipped, fails the session", "IMPLS"),
+    "explain": (parse_bool, "yes", "trace one extra, untimed round per implementation (syscalls by name, "
+                "context switches per round trip; perf, else strace) and show what the counts explain in the "
+                "table and report", "yes|no"),
     "benchmark-table": (parse_bool, "no", "also print pytest-benchmark's own table of round times (its OPS "
                         "column is rounds per second, not round trips: pyconcbench's tables have the figures)",
                         "yes|no"),
@@ -412,6 +415,7 @@ class Settings:
     sources: Dict[str, str] = field(default_factory=dict)
     agree: Optional[float] = None  # None: the profile's
     benchmark_table: bool = False  # pytest-benchmark's own table at the end
+    explain: bool = False  # one traced, untimed round per implementation (pyconcbench.explain)
 
     def plan(self, most: int, profile: Optional[Profile] = None) -> Any:
         """How many rounds a case whose profile measures ``most`` runs (rounds.Plan): exactly
@@ -525,6 +529,7 @@ def resolve(raw: Callable[[str], Tuple[Optional[str], str]]) -> Settings:
         sources=sources,
         agree=values["agree"],
         benchmark_table=values["benchmark-table"],
+        explain=values["explain"],
     )
 
 

@@ -17,7 +17,7 @@ from . import zmq as pcbzmq
 from .fixtures import AB_KEY, CALL_FAILED_KEY, CEILING_KEY, RESULTS_KEY, SETTINGS_KEY, SWITCH_KEY
 from .options import Settings
 from .report.ab_tables import families as ab_families, table_lines as ab_table
-from .report.echo_tables import ceiling_table, echo_table, syscall_table
+from .report.echo_tables import ceiling_table, echo_table, explain_table, syscall_table
 from .report.switch_tables import table as switch_table
 
 
@@ -233,7 +233,8 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     ceiling = config.stash.get(CEILING_KEY, None)
     if rows or ceiling:
         terminalreporter.write_sep("-", "pyconcbench echo results")
-        for line in echo_table(rows or []) + syscall_table(rows or []) + ceiling_table(ceiling or []):
+        for line in (echo_table(rows or []) + explain_table(rows or []) + syscall_table(rows or [])
+                     + ceiling_table(ceiling or [])):
             terminalreporter.write_line(line)
     ab_rows = config.stash.get(AB_KEY, None)
     if ab_rows:

@@ -323,6 +323,31 @@ def harness_check_table(infos: Sequence[Dict[str, Any]]) -> Optional[Table]:
                   "mmap + mremap + munmap per round trip"], rows, ALLOCATOR_NOTE)
 
 
+def explain_report_table(infos: Sequence[Dict[str, Any]]) -> Optional[Table]:
+    """Per implementation, what its traced round counted per round trip and what that explains
+    (``extra_info.explain``, --pcb-explain).  None when no row was traced."""
+    rows = []
+    for i in sorted((i for i in infos if isinstance(i.get("explain"), dict)), key=lambda i: str(i.get("impl"))):
+        ex = i["explain"]
+        per = {k: v for k, v in (ex.get("per_msg") if isinstance(ex.get("per_msg"), dict) else {}).items()
+               if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        texts = [f.get("text", "") for f in ex.get("findings") or [] if isinstance(f, dict) and f.get("key") != "syscalls"]
+        named = sorted(((k, v) for k, v in per.items() if k not in ("total", "other", "context_switches", "cpu_migrations")),
+                       key=lambda kv: -kv[1])[:4]
+        scale = f"{conns_label(i['connections'])} × {size_label(i['size'])} {transport_label(i['transport'])}"
+        rows.append([label_of(i), scale, fmt_f(per.get("total"), ".1f") if per else "-",
+                     ", ".join(f"{k} {v:.2f}" for k, v in named) or "-",
+                     fmt_f(per.get("context_switches"), ".2f") if "context_switches" in per else "-",
+                     "; ".join(texts) or (ex.get("note") if not per else "") or ""])
+    if not rows:
+        return None
+    return Table("What each implementation does per round trip",
+                 ["implementation", "scale", "syscalls", "most frequent", "context switches", "what it explains"],
+                 rows, "one extra, untimed round per implementation, traced after the measured ones (perf's syscall "
+                       "tracepoints, else strace): counts per round trip; the measured rounds are never traced",
+                 [False, False, True, False, True, False])
+
+
 def echo_section(echo: Sequence[Dict[str, Any]], ceiling: Sequence[Dict[str, Any]] = ()) -> Optional[Section]:
     if not echo and not ceiling:
         return None
@@ -342,6 +367,9 @@ def echo_section(echo: Sequence[Dict[str, Any]], ceiling: Sequence[Dict[str, Any
     checks = harness_check_table(infos)
     if checks is not None:
         sec.tables.append(checks)
+    explained = explain_report_table(infos)
+    if explained is not None:
+        sec.tables.append(explained)
     if ceiling:
         rows = []
         for b in sorted(ceiling, key=lambda b: b["extra_info"]["connections"]):

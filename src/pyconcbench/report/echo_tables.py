@@ -41,6 +41,18 @@ def comparison_notes(row: Dict[str, Any], group: List[Dict[str, Any]]) -> List[s
         rep = find(impl=(impl, None), plain=(bool(row.get("plain")), False), malloc=("representative", "representative"))
         if rep and rep.get("msgs_per_s"):
             notes.append(f"{row['msgs_per_s'] / rep['msgs_per_s']:.2f}x representative")
+    else:
+        # the striking difference, on the row users read: a fresh process runs at a fraction of this
+        fresh = find(impl=(impl, None), plain=(bool(row.get("plain")), False), malloc=("pristine", "representative"))
+        if fresh and fresh.get("msgs_per_s") and row.get("msgs_per_s"):
+            ratio = fresh["msgs_per_s"] / row["msgs_per_s"]
+            fper = fresh.get("alloc_syscalls_per_msg") or {}
+            calls = [f"{n} {fper[n]:.2f}" for n in ("mmap", "munmap", "mremap") if fper.get(n)]
+            if ratio < 0.8 and calls:
+                notes.append(f"a fresh process runs {ratio:.2f}x this: its allocator maps each receive buffer "
+                             f"({', '.join(calls)} per round trip) until a client disconnects")
+            elif ratio < 0.8:
+                notes.append(f"a fresh process (pristine allocator) runs {ratio:.2f}x this")
     per = row.get("alloc_syscalls_per_msg")
     if per:
         calls = [f"{name} {per[name]:.2f}" for name in ("mmap", "munmap", "mremap", "brk") if per.get(name)]
@@ -91,7 +103,7 @@ def echo_table(rows: Iterable[Dict[str, Any]]) -> List[str]:
                              else f"{r['noisy_rounds_kept']} noisy rounds kept")
             if str(r.get("other_cpu_check", "ran")).startswith("unknown"):
                 notes.append("other processes' CPU unknown (/proc/stat unreadable)")
-            notes += comparison_notes(r, group)
+            notes += comparison_notes(r, group) + explain_notes(r)
             ratio = r["msgs_per_s"] / base["msgs_per_s"] if base and base["msgs_per_s"] else None
             overhead = None
             if base and base.get("server_cpu_us_per_msg") is not None and r.get("server_cpu_us_per_msg") is not None:
@@ -137,6 +149,29 @@ def ceiling_table(rows: Iterable[Dict[str, Any]]) -> List[str]:
         lines.append(f"{r.get('connections', 0):>11} {_fmt(r.get('msgs_per_s'), ',.0f'):>14} "
                      f"{_fmt(r.get('engine_msgs_per_s'), ',.0f'):>13} {_fmt(ratio, '.3f'):>14} "
                      f"{_fmt(paired, '.3f'):>13}  " + "; ".join(notes))
+    return lines
+
+
+def explain_notes(row: Dict[str, Any]) -> List[str]:
+    """The short notes of the row's traced round (pyconcbench.explain): what explains a rate."""
+    explained = row.get("explain")
+    if not isinstance(explained, dict):
+        return []
+    return [f["note"] for f in explained.get("findings") or [] if isinstance(f, dict) and f.get("note")]
+
+
+def explain_table(rows: Iterable[Dict[str, Any]]) -> List[str]:
+    """What each implementation does per round trip, from its one traced round (--pcb-explain)."""
+    lines: List[str] = []
+    for row in sorted((r for r in rows if isinstance(r.get("explain"), dict)), key=lambda r: r["impl"]):
+        explained = row["explain"]
+        if not lines:
+            lines += ["", "what each implementation does per round trip (one extra, untimed round traced after "
+                          "the measured ones: --pcb-explain)"]
+        texts = [f["text"] for f in explained.get("findings") or [] if isinstance(f, dict) and f.get("text")]
+        scale = f"c{row['connections']}-{size_label(row['size'])}" + ("-unix" if row["transport"] == "unix" else "")
+        lines.append(f"{row.get('label', row['impl']):<{WIDTH}} {scale:<12} "
+                     + ("; ".join(texts) if texts else explained.get("note") or "nothing counted"))
     return lines
 
 
