@@ -112,6 +112,8 @@ def echo_cases(settings: Settings) -> List[EchoCase]:
 
 
 _TOOL_CACHE: Dict[str, Optional[str]] = {}
+#: Round trips of a traced, untimed round (or a measured round's, when fewer).
+TRACED_MESSAGES = 5000
 
 
 def syscall_tool() -> Optional[str]:
@@ -252,7 +254,11 @@ class EchoRunner:
         except syscalls.SyscallCountError as exc:
             return None, 0, f"not counted: {exc}"
         try:
-            result = session.round()
+            # counts per round trip settle within a few thousand; tracing slows the calls it counts
+            if self.spec.messages:
+                result = session.round(messages=min(self.spec.messages, TRACED_MESSAGES))
+            else:
+                result = session.round(duration=min(self.spec.duration, 1.0))
         finally:
             try:
                 counts = counter.stop()
@@ -295,7 +301,7 @@ class EchoRunner:
             alloc = explained = None
             if self.case.explain and counts is None:
                 # one traced round of every named call: the explanation, and the allocator's share
-                traced, completed, tool = self.traced_round(session, syscalls.NAMED)
+                traced, completed, tool = self.traced_round(session, syscalls.EXPLAIN)
                 explained = (explain.record(traced, completed, tool, self.case.id, self.case.size)
                              if traced is not None
                              else explain.unavailable(tool, self.case.id))

@@ -29,6 +29,14 @@ NAMED = (
     "madvise", "futex", "sched_yield", "nanosleep", "clock_nanosleep", "rt_sigreturn",
     "rt_sigprocmask", "getpid", "gettid", "io_uring_enter",
 )
+#: What the explanation pass names (pyconcbench.explain): the calls its findings read.  Fewer
+#: than NAMED because perf's set-up and tear-down grow with the tracepoints (measured: 0.6 s for
+#: 5, 1.1 s for 20, 2.0 s for 45), and this runs once per implementation in every run.
+EXPLAIN = (
+    "read", "write", "readv", "writev", "recvfrom", "sendto", "recvmsg", "sendmsg", "epoll_wait",
+    "epoll_pwait", "epoll_ctl", "poll", "ppoll", "select", "futex", "mmap", "munmap", "mremap", "brk",
+    "madvise", "sched_yield", "io_uring_enter",
+)
 #: The allocator's calls: what a server in the pristine state makes per read (see
 #: pyconcbench.harness.MALLOC_STATES).
 ALLOCATOR = ("mmap", "munmap", "mremap", "brk", "madvise")
