@@ -26,7 +26,8 @@ MIN_TICKS_FOR_SPLIT = 20
 @dataclass(frozen=True)
 class EchoCase:
     """One echo benchmark.  ``plain``: the plain reference server of ``impl``
-    (``pyconcbench.plain``) instead of the project's; ``count_alloc``: count the server's
+    (``pyconcbench.plain``) instead of the project's; ``command``: a program the user brings
+    (``harness.CommandServer``), named ``impl``; ``count_alloc``: count the server's
     allocator syscalls in one untimed round after the measured ones (set where a run compares
     allocator states)."""
 
@@ -37,6 +38,8 @@ class EchoCase:
     malloc: str = harness.MALLOC_DEFAULT
     plain: bool = False
     count_alloc: bool = field(default=False, compare=False)
+    #: a server the user brings (--pcb-server-cmd): its command line; ``impl`` is its name
+    command: Optional[str] = None
 
     @property
     def scale(self) -> str:
@@ -87,6 +90,9 @@ def echo_cases(settings: Settings) -> List[EchoCase]:
             if reference and impl in plain.PLAIN:
                 out += [EchoCase(impl, conns, size, transport, malloc, plain=True)
                         for malloc in mallocs if malloc != "tuned"]
+        if settings.server_cmd and transport in harness.command_transports(settings.server_cmd):
+            out += [EchoCase(settings.server_name, conns, size, transport, malloc, command=settings.server_cmd)
+                    for malloc in settings.mallocs]
     # Where a run compares allocator states of a server, count their allocator syscalls.
     states: Dict[Tuple[str, int, int, str], int] = {}
     for case in out:
@@ -149,7 +155,8 @@ class EchoRunner:
             warmup_messages=max(2000, per_connection(case.connections) * case.connections // 5) if messages else 0,
             warmup_seconds=0.0 if messages else min(1.0, duration),
             cpu=cpus[1] if cpus else None, stall_timeout=settings.stall_timeout,
-            connect_timeout=max(30.0, case.connections / 200.0),
+            # paced (--pcb-connect-rate), the engine counts this from the last connect due
+            connect_timeout=max(30.0, case.connections / 200.0), connect_rate=settings.connect_rate,
             # a hard bound on each phase: slower than 100 round trips a second is a failure
             deadline=max(120.0, 10 * settings.stall_timeout, 2 * duration + 60, messages / 100.0),
         )
@@ -163,11 +170,12 @@ class EchoRunner:
         judge = self.judge
         probes_before = judge.probe()
         self.server.check_alive()
-        before = instruments.snapshot(self.server.measured_pid)
+        pids = self.server.measured_pids  # a command server's whole process tree
+        before = instruments.snapshot(pids)
         started = time.perf_counter()
         result = session.round()
         finished = time.perf_counter()
-        after = instruments.snapshot(self.server.measured_pid)
+        after = instruments.snapshot(pids)
         if before.server_runtime is None or after.server_runtime is None:
             self.server.check_alive()
             raise harness.ServerError(
@@ -338,8 +346,8 @@ class EchoOutcome:
             "server_user_share": None if user_share is None else round(user_share, 3),
             "server_cpu_us_per_msg": round(s_cpu / completed * 1e6, 3) if completed else None,
             "loadgen_cpu_us_per_msg": round(l_cpu / completed * 1e6, 3) if completed else None,
-            "server_rss_kib": instruments.proc_status_kib(server.measured_pid, "VmRSS"),
-            "server_rss_peak_kib": instruments.proc_status_kib(server.measured_pid, "VmHWM"),
+            "server_rss_kib": instruments.status_kib_total(server.measured_pids, "VmRSS"),
+            "server_rss_peak_kib": instruments.status_kib_total(server.measured_pids, "VmHWM"),
             "pinning": runner.settings.pinning_note,
             "probe_baseline_ns": runner.probe_baseline,
             "cpu_speed_best_ns": ({str(c): round(v) for c, v in runner.speed.best.items()}
@@ -357,6 +365,10 @@ class EchoOutcome:
             "rounds": [_round_dict(r) for r in runner.records],
             "rejected_rounds": [_round_dict(r) for r in runner.rejected],
         }
+        if case.command is not None:
+            extra["server_command"] = getattr(server, "command", case.command)
+        if runner.settings.connect_rate:
+            extra["connect_paced_per_s"] = runner.settings.connect_rate  # --pcb-connect-rate
         slow = os.environ.get(servers.SLOWDOWN_ENV, "").strip()
         if slow and case.impl in servers.SLOWDOWN_IMPLS:
             extra["test_slowdown_ns"] = int(slow)  # the test-only knob was on: not a real result
