@@ -548,16 +548,23 @@ static uint32_t count_waiting(const pcb_load *L)
     return w;
 }
 
-/* Waiting connections that never received a byte since they connected (*unserved), and open
- * connections that did (*served): many of the first beside some of the second is what an
- * overflowed accept queue looks like from here. */
+/* TCP connections waiting that never received a byte since they connected and whose bytes
+ * the server's kernel never acknowledged either: no established socket over there, what an
+ * overflowed accept queue leaves (*unserved; UNIX: 0, a full backlog makes connect wait
+ * instead), and open connections that received a byte (*served). */
 static void count_served(const pcb_load *L, uint32_t *unserved, uint32_t *served)
 {
     uint32_t u = 0, s = 0;
+    bool tcp = L->spec.addr.ss_family != AF_UNIX;
     for (uint32_t i = 0; i < L->spec.connections; i++) {
         const conn *c = &L->conns[i];
-        u += c->state == C_ACTIVE && !c->served;
         s += c->state != C_CLOSED && c->served;
+        if (!tcp || c->state != C_ACTIVE || c->served)
+            continue;
+        struct tcp_info ti;
+        socklen_t len = sizeof(ti);
+        if (getsockopt(c->fd, IPPROTO_TCP, TCP_INFO, &ti, &len) == 0 && ti.tcpi_unacked > 0)
+            u++; /* else its bytes reached the server's socket: not served is the server's doing */
     }
     *unserved = u;
     *served = s;

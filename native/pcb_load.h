@@ -88,8 +88,10 @@ typedef struct pcb_phase_result {
     uint64_t errors[PCB_E_COUNT];
     uint32_t waiting;               /* at the end: connections with a message outstanding */
     uint32_t live;                  /* connections open at the end */
-    uint32_t unserved;              /* at the end: of `waiting`, those that never received a
-                                       byte since they connected (never served at all) */
+    uint32_t unserved;              /* at the end: of `waiting`, the TCP connections that never
+                                       received a byte since they connected and whose bytes the
+                                       server's kernel never acknowledged (an overflowed accept
+                                       queue); 0 over UNIX sockets */
     uint32_t served;                /* at the end: open connections that have received a byte
                                        since they connected (in any phase) */
     uint64_t bytes;                 /* payload bytes received and verified */

@@ -249,6 +249,8 @@ class EchoRunner:
         outcome = EchoOutcome.from_records(self, session.connect_seconds)
         if alloc is not None:
             outcome.extra.update(alloc)
+        if self.spec.connect_rate:
+            outcome.extra["connect_paced_per_s"] = self.spec.connect_rate  # --pcb-connect-rate
         if counts is not None:
             # every round trip in the counted window, rejected noisy rounds included
             messages = sum(r.result.completed for r in self.records + self.rejected)
@@ -367,8 +369,6 @@ class EchoOutcome:
         }
         if case.command is not None:
             extra["server_command"] = getattr(server, "command", case.command)
-        if runner.settings.connect_rate:
-            extra["connect_paced_per_s"] = runner.settings.connect_rate  # --pcb-connect-rate
         slow = os.environ.get(servers.SLOWDOWN_ENV, "").strip()
         if slow and case.impl in servers.SLOWDOWN_IMPLS:
             extra["test_slowdown_ns"] = int(slow)  # the test-only knob was on: not a real result

@@ -309,12 +309,13 @@ def _raise_for(res: Dict[str, Any]) -> None:
 
 
 def unserved_note(res: Dict[str, Any]) -> str:
-    """For a stalled phase where some waiting connections never received a single byte since
-    they connected while others were served: what that likely means (an accept queue that
-    overflowed: the kernel completed their handshake, the server never accepted them), as the
-    rest of the same line; '' otherwise.  A server that served no connection at all is broken
-    in some other way, and a connection served once and then left waiting is the server's
-    own doing: neither gets this note."""
+    """For a stalled phase where some waiting TCP connections never received a single byte
+    since they connected and the server's kernel never acknowledged theirs (the engine's
+    ``unserved``: the client completed the handshake, the server's half was dropped) while
+    others were served: what that likely means (an accept queue that overflowed), as the rest
+    of the same line; '' otherwise.  A server that served no connection at all is broken in
+    some other way, and one that accepted a connection and left it waiting (its bytes were
+    acknowledged) does it itself: neither gets this note."""
     unserved, served = res.get("unserved", 0), res.get("served", 0)
     if res.get("status") != "stall" or not unserved or not served:
         return ""
