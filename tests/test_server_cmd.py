@@ -189,3 +189,14 @@ def test_cpu_and_memory_are_the_whole_process_tree(tmp_path):
         assert sum(own) < 0.05  # ... and the master alone did next to nothing
         assert server.rss_kib() > instruments.proc_status_kib(server.pid, "VmRSS")
         assert server.stop() is None  # it counts nothing
+
+
+@pytest.mark.parametrize("command, name", [
+    ("/opt/bin/my-server --port {port}", "cmd_my-server"),
+    ("env GOMAXPROCS=1 ./echo {fd}", "cmd_echo"),
+    ("'./my server+' {unix}", "cmd_my_server_"),
+])
+def test_the_default_name_is_the_programs(command, name):
+    from pyconcbench import harness
+
+    assert harness.command_name(harness.parse_command(command)[0]) == name

@@ -632,9 +632,13 @@ def command_transports(text: str) -> Tuple[str, ...]:
 
 
 def command_name(argv: Sequence[str]) -> str:
-    """The default name of a command server in test ids: ``cmd_`` and its program's basename,
-    other characters than [A-Za-z0-9_.-] made ``_``."""
-    return COMMAND_PREFIX + _NAME_CHARS.sub("_", os.path.basename(argv[0]) or "server")
+    """The default name of a command server in test ids: ``cmd_`` and its program's basename
+    (past an ``env [-opts] NAME=VALUE ...`` in front), other characters than [A-Za-z0-9_.-]
+    made ``_``."""
+    words = list(argv)
+    if os.path.basename(words[0]) == "env":
+        words = [w for w in words[1:] if "=" not in w and not w.startswith("-")] or words
+    return COMMAND_PREFIX + _NAME_CHARS.sub("_", os.path.basename(words[0]) or "server")
 
 
 def check_name(name: str) -> str:
