@@ -32,6 +32,7 @@ typedef struct conn {
     int fd;
     uint8_t state;
     uint8_t want_out;  /* EPOLLOUT registered */
+    uint8_t served;    /* has received a byte since it connected (in any phase) */
     uint32_t wpos;     /* bytes of the current message sent */
     uint32_t rpos;     /* bytes of its echo received and checked */
     uint64_t seq;      /* messages started on this connection */
@@ -155,6 +156,7 @@ static int start_connect(pcb_load *L, uint32_t id, int *err)
     }
     c->fd = fd;
     c->state = C_CONNECTING;
+    c->served = 0;
     struct epoll_event ev = {.events = EPOLLOUT, .data.u32 = id};
     if (epoll_ctl(L->ep, EPOLL_CTL_ADD, fd, &ev) != 0) {
         *err = errno;
@@ -189,12 +191,21 @@ static int connect_all(pcb_load *L, pcb_phase_result *res, pcb_check_fn check, v
     struct epoll_event evs[MAX_EVENTS];
     uint32_t n = L->spec.connections, next = 0, inflight = 0, up = 0;
     int64_t t0 = now_ns();
-    int64_t deadline = pcb_ns_after(t0, L->spec.connect_timeout);
+    /* paced: connect i is due at t0 + i / rate, and the timeout runs from the last one due */
+    double rate = L->spec.connect_rate;
+    double spread = rate > 0 ? (double)(n - 1) / rate : 0.0;
+    int64_t deadline = pcb_ns_after(t0, spread + L->spec.connect_timeout);
     int64_t last_check = t0;
     char where[160];
 
     while (up < n) {
+        int64_t due = t0;
         while (next < n && inflight < CONNECT_WINDOW) {
+            if (rate > 0) {
+                due = pcb_ns_after(t0, (double)next / rate);
+                if (now_ns() < due)
+                    break; /* not yet: the wait below ends when it is */
+            }
             int err = 0;
             int r = start_connect(L, next, &err);
             if (r == 1)
@@ -212,7 +223,7 @@ static int connect_all(pcb_load *L, pcb_phase_result *res, pcb_check_fn check, v
         if (t >= deadline) {
             res->errors[PCB_E_TIMEOUT]++;
             set_message(res, "connect to %s: timed out after %.1f s (%u of %u connections established)",
-                        addr_text(&L->spec, where, sizeof(where)), L->spec.connect_timeout, up, n);
+                        addr_text(&L->spec, where, sizeof(where)), spread + L->spec.connect_timeout, up, n);
             return fail(res, PCB_FAIL_CONNECT);
         }
         if (t - last_check >= CHECK_EVERY_NS) {
@@ -223,6 +234,10 @@ static int connect_all(pcb_load *L, pcb_phase_result *res, pcb_check_fn check, v
             }
         }
         int wait_ms = (next < n && inflight < CONNECT_WINDOW) ? 1 : 100;
+        if (rate > 0 && next < n && inflight < CONNECT_WINDOW && due > t) {
+            int64_t ms = (due - t + 999999) / 1000000; /* rounded up: never early */
+            wait_ms = ms > 100 ? 100 : (int)ms;
+        }
         int k = epoll_wait(L->ep, evs, MAX_EVENTS, wait_ms);
         if (k < 0) {
             if (errno == EINTR) {
@@ -273,6 +288,8 @@ pcb_load *pcb_load_open(const pcb_load_spec *spec, pcb_phase_result *res, pcb_ch
     memset(res, 0, sizeof(*res));
     if (spec->connections < 1 || spec->connections > PCB_LOAD_MAX_CONNECTIONS || spec->size < 1 ||
         spec->size > PCB_LOAD_MAX_SIZE ||
+        !(spec->connect_rate == 0 ||
+          (spec->connect_rate >= PCB_LOAD_MIN_RATE && spec->connect_rate <= PCB_LOAD_MAX_RATE)) ||
         (uint64_t)spec->connections * spec->size > PCB_LOAD_MAX_PAYLOAD ||
         !(spec->connect_timeout > 0) || spec->cpu < -1 || spec->cpu >= CPU_SETSIZE) {
         errno = EINVAL;
@@ -465,6 +482,8 @@ static int on_readable(phase *P, uint32_t id, int64_t t_end)
         if (want > SCRATCH_SIZE)
             want = SCRATCH_SIZE;
         ssize_t n = recv(c->fd, L->scratch, want, 0);
+        if (n > 0)
+            c->served = 1;
         if (n < 0) {
             if (errno == EINTR)
                 continue;
@@ -527,6 +546,28 @@ static uint32_t count_waiting(const pcb_load *L)
     for (uint32_t i = 0; i < L->spec.connections; i++)
         w += L->conns[i].state == C_ACTIVE;
     return w;
+}
+
+/* TCP connections waiting that never received a byte since they connected and whose bytes
+ * the server's kernel never acknowledged either: no established socket over there, what an
+ * overflowed accept queue leaves (*unserved; UNIX: 0, a full backlog makes connect wait
+ * instead), and open connections that received a byte (*served). */
+static void count_served(const pcb_load *L, uint32_t *unserved, uint32_t *served)
+{
+    uint32_t u = 0, s = 0;
+    bool tcp = L->spec.addr.ss_family != AF_UNIX;
+    for (uint32_t i = 0; i < L->spec.connections; i++) {
+        const conn *c = &L->conns[i];
+        s += c->state != C_CLOSED && c->served;
+        if (!tcp || c->state != C_ACTIVE || c->served)
+            continue;
+        struct tcp_info ti;
+        socklen_t len = sizeof(ti);
+        if (getsockopt(c->fd, IPPROTO_TCP, TCP_INFO, &ti, &len) == 0 && ti.tcpi_unacked > 0)
+            u++; /* else its bytes reached the server's socket: not served is the server's doing */
+    }
+    *unserved = u;
+    *served = s;
 }
 
 int pcb_load_phase(pcb_load *L, const pcb_phase_spec *ps, pcb_phase_result *res, pcb_check_fn check,
@@ -662,6 +703,7 @@ int pcb_load_phase(pcb_load *L, const pcb_phase_spec *ps, pcb_phase_result *res,
     res->cpu_sys = s1 - s0;
     res->waiting = count_waiting(L);
     res->live = L->live;
+    count_served(L, &res->unserved, &res->served);
     if (res->status != PCB_OK && res->status != PCB_FAIL_ERRORS) {
         /* connections with a message outstanding are now out of step: they cannot be reused */
         for (uint32_t id = 0; id < L->spec.connections; id++)

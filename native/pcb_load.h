@@ -50,6 +50,8 @@ enum pcb_status {
 #define PCB_LOAD_MAX_SIZE (1u << 20)                  /* bytes per message */
 #define PCB_LOAD_MAX_PAYLOAD (2ULL << 30)             /* connections x size: message buffers */
 #define PCB_LOAD_MAX_MESSAGES ((1ULL << 63) - 1)      /* round trips in one phase */
+#define PCB_LOAD_MIN_RATE 0.1                         /* paced connects per second, when paced */
+#define PCB_LOAD_MAX_RATE 1e7
 
 typedef struct pcb_load_spec {
     struct sockaddr_storage addr; /* AF_INET, AF_INET6 or AF_UNIX; the caller checked it is loopback */
@@ -57,7 +59,11 @@ typedef struct pcb_load_spec {
     uint32_t connections;         /* 1 .. PCB_LOAD_MAX_CONNECTIONS */
     uint32_t size;                /* message size, 1 .. PCB_LOAD_MAX_SIZE; connections x size at
                                      most PCB_LOAD_MAX_PAYLOAD */
-    double connect_timeout;       /* seconds for all connections, > 0 (clamped: pcb_time.h) */
+    double connect_timeout;       /* seconds for all connections, > 0 (clamped: pcb_time.h);
+                                     with connect_rate, counted from when the last connect is
+                                     due ((connections - 1) / connect_rate after the first) */
+    double connect_rate;          /* connects started per second: 0 (as fast as the window of
+                                     512 in flight allows) or PCB_LOAD_MIN_RATE .. PCB_LOAD_MAX_RATE */
     int cpu;                      /* pin the calling thread there (< CPU_SETSIZE); -1: leave as is */
     uint32_t max_errors;          /* connection errors tolerated per phase before failing */
     uint64_t seed;
@@ -82,6 +88,12 @@ typedef struct pcb_phase_result {
     uint64_t errors[PCB_E_COUNT];
     uint32_t waiting;               /* at the end: connections with a message outstanding */
     uint32_t live;                  /* connections open at the end */
+    uint32_t unserved;              /* at the end: of `waiting`, the TCP connections that never
+                                       received a byte since they connected and whose bytes the
+                                       server's kernel never acknowledged (an overflowed accept
+                                       queue); 0 over UNIX sockets */
+    uint32_t served;                /* at the end: open connections that have received a byte
+                                       since they connected (in any phase) */
     uint64_t bytes;                 /* payload bytes received and verified */
 } pcb_phase_result;
 

@@ -583,11 +583,12 @@ static PyObject *result_dict(const pcb_phase_result *res)
         }
         Py_DECREF(v);
     }
-    return Py_BuildValue("{s:s,s:s,s:K,s:d,s:d,s:d,s:N,s:I,s:I,s:K}", "status",
+    return Py_BuildValue("{s:s,s:s,s:K,s:d,s:d,s:d,s:N,s:I,s:I,s:K,s:I,s:I}", "status",
                          status_name(res->status), "message", res->message, "completed",
                          (unsigned long long)res->completed, "elapsed", res->elapsed, "cpu_user",
                          res->cpu_user, "cpu_sys", res->cpu_sys, "errors", errors, "waiting",
-                         res->waiting, "live", res->live, "bytes", (unsigned long long)res->bytes);
+                         res->waiting, "live", res->live, "bytes", (unsigned long long)res->bytes,
+                         "unserved", res->unserved, "served", res->served);
 }
 
 /* ---- Load ------------------------------------------------------------------------- */
@@ -687,19 +688,19 @@ static int parse_address(pcb_load_spec *spec, const char *family, const char *ad
 static int Load_init_claimed(LoadObject *self, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"family", "address", "port", "connections", "size", "connect_timeout",
-                             "cpu", "max_errors", "seed", NULL};
+                             "cpu", "max_errors", "seed", "connect_rate", NULL};
     const char *family, *address;
     PyObject *port_o, *connections_o, *size_o, *cpu_o = NULL, *max_errors_o = NULL, *seed_o = NULL;
     long long port, cpu = -1, connections, size;
     unsigned long long max_errors = 0, seed = 0;
-    double connect_timeout = 30.0;
+    double connect_timeout = 30.0, connect_rate = 0.0;
     if (self->load) {
         PyErr_SetString(PyExc_RuntimeError, "Load is already open");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "ssOOO|dOOO", kwlist, &family, &address, &port_o,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "ssOOO|dOOOd", kwlist, &family, &address, &port_o,
                                      &connections_o, &size_o, &connect_timeout, &cpu_o,
-                                     &max_errors_o, &seed_o))
+                                     &max_errors_o, &seed_o, &connect_rate))
         return -1;
     if (int_arg(port_o, "port", 0, 65535, &port) < 0 ||
         int_arg(connections_o, "connections", 1, PCB_LOAD_MAX_CONNECTIONS, &connections) < 0 ||
@@ -718,12 +719,20 @@ static int Load_init_claimed(LoadObject *self, PyObject *args, PyObject *kwds)
         PyErr_SetString(PyExc_ValueError, "connect_timeout: must be > 0");
         return -1;
     }
+    if (!(connect_rate == 0 || (connect_rate >= PCB_LOAD_MIN_RATE && connect_rate <= PCB_LOAD_MAX_RATE))) {
+        char msg[160];
+        PyOS_snprintf(msg, sizeof(msg), "connect_rate: must be 0 (unpaced) or %g .. %g connections "
+                      "per second, got %g", PCB_LOAD_MIN_RATE, PCB_LOAD_MAX_RATE, connect_rate);
+        PyErr_SetString(PyExc_ValueError, msg);
+        return -1;
+    }
     memset(&self->spec, 0, sizeof(self->spec));
     if (parse_address(&self->spec, family, address, port) < 0)
         return -1;
     self->spec.connections = (uint32_t)connections;
     self->spec.size = (uint32_t)size;
     self->spec.connect_timeout = connect_timeout;
+    self->spec.connect_rate = connect_rate;
     self->spec.cpu = (int)cpu;
     self->spec.max_errors = (uint32_t)max_errors;
     self->spec.seed = seed;
@@ -898,11 +907,12 @@ static PyGetSetDef Load_getset[] = {
 
 static PyType_Slot Load_slots[] = {
     {Py_tp_doc, "Load(family, address, port, connections, size, connect_timeout=30.0, cpu=-1, "
-                "max_errors=0, seed=0)\n\n"
+                "max_errors=0, seed=0, connect_rate=0.0)\n\n"
                 "A set of connections to one loopback echo server, driven by the C epoll engine.\n"
                 "connections 1 .. MAX_CONNECTIONS, size 1 .. MAX_SIZE, connections x size at most\n"
-                "MAX_PAYLOAD_MEMORY, cpu -1 .. 1023, max_errors 0 .. 2**32-1, seed 0 .. 2**64-1:\n"
-                "ValueError outside, naming the argument."},
+                "MAX_PAYLOAD_MEMORY, cpu -1 .. 1023, max_errors 0 .. 2**32-1, seed 0 .. 2**64-1,\n"
+                "connect_rate 0 (unpaced) or 0.1 .. 1e7 connects a second: ValueError outside,\n"
+                "naming the argument."},
     {Py_tp_init, Load_init},
     {Py_tp_new, PyType_GenericNew},
     {Py_tp_dealloc, Load_dealloc},
@@ -1107,6 +1117,17 @@ static PyMethodDef module_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+/* A float constant of the module; -1 with an exception set on failure. */
+static int add_double(PyObject *module, const char *name, double value)
+{
+    PyObject *v = PyFloat_FromDouble(value);
+    if (!v)
+        return -1;
+    int r = PyModule_AddObjectRef(module, name, v);
+    Py_DECREF(v);
+    return r;
+}
+
 static int module_exec(PyObject *module)
 {
     module_state *st = get_state(module);
@@ -1128,7 +1149,9 @@ static int module_exec(PyObject *module)
         PyModule_AddIntConstant(module, "MAX_PAYLOAD_MEMORY", (long)PCB_LOAD_MAX_PAYLOAD) < 0 ||
         PyModule_AddIntConstant(module, "MAX_MESSAGES", (long)PCB_LOAD_MAX_MESSAGES) < 0 ||
         PyModule_AddIntConstant(module, "MAX_ERRORS", (long)UINT32_MAX) < 0 ||
-        PyModule_AddIntConstant(module, "CACHELINE_MAX_ITERATIONS", PCB_PROBE_MAX_ITERATIONS) < 0)
+        PyModule_AddIntConstant(module, "CACHELINE_MAX_ITERATIONS", PCB_PROBE_MAX_ITERATIONS) < 0 ||
+        add_double(module, "MIN_CONNECT_RATE", PCB_LOAD_MIN_RATE) < 0 ||
+        add_double(module, "MAX_CONNECT_RATE", PCB_LOAD_MAX_RATE) < 0)
         return -1;
     return 0;
 }

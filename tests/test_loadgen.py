@@ -41,6 +41,10 @@ def spec_for(server, **kw):
     (dict(connect_timeout=float("inf")), "LoadSpec.connect_timeout"),
     (dict(cpu=4096), "LoadSpec.cpu: must be one of this process's CPUs"),
     (dict(seed=-1), "LoadSpec.seed"),
+    (dict(connect_rate=-1), "LoadSpec.connect_rate: must be 0 (unpaced) or 0.1 .. 1e+07 connections a second, got -1"),
+    (dict(connect_rate=0.01), "LoadSpec.connect_rate"),
+    (dict(connect_rate=float("inf")), "LoadSpec.connect_rate"),
+    (dict(connect_rate="100"), "LoadSpec.connect_rate"),
     (dict(connections=10_000, size=1 << 20), "GiB of message buffers"),
     (dict(transport="unix"), "LoadSpec.path: must be the server's UNIX socket path"),
     (dict(transport="unix", path="/tmp/" + "x" * 200), "107 bytes"),
@@ -145,6 +149,54 @@ def test_payloads_differ_per_connection_and_per_message():
     assert len(set(messages)) == 30  # no two messages alike, across and within connections
 
 
+@pytest.mark.parametrize("rate", [-1.0, 0.05, float("nan"), 1e8])
+def test_engine_itself_refuses_a_bad_connect_rate(rate):
+    with pytest.raises(ValueError, match="connect_rate: must be 0 .unpaced. or 0.1 .. 1e.07"):
+        _native.Load("tcp", "127.0.0.1", 9, 1, 64, connect_rate=rate)
+
+
+def test_paced_connects_keep_their_rate():
+    with BrokenServer("echo") as server:
+        t0 = time.monotonic()
+        with loadgen.LoadSession(spec_for(server, connections=50, messages=100, warmup_messages=0,
+                                          connect_rate=100)) as s:
+            took = time.monotonic() - t0
+            r = s.round()
+        unpaced = loadgen.run(spec_for(server, connections=50, messages=100, warmup_messages=0))
+    # 50 connects 10 ms apart: the last is due 0.49 s after the first, never earlier
+    assert s.connect_seconds >= 0.45 and took >= 0.45
+    assert r.completed == 100
+    assert unpaced.connect_seconds < 0.45  # what makes the bound above the pacing's
+
+
+def test_a_paced_connect_has_its_deadline_after_the_last_connect_due():
+    # nobody accepts: 3 connects at 2 a second are due over 1 s, then 0.5 s of timeout
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(0)
+    host, port = srv.getsockname()
+    # fill the accept queue (and then some) so the engine's connects hang in SYN-SENT
+    fillers = []
+    try:
+        for _ in range(3):
+            sock = socket.socket()
+            fillers.append(sock)
+            sock.setblocking(False)
+            sock.connect_ex((host, port))
+        time.sleep(0.1)
+        t0 = time.monotonic()
+        with pytest.raises(LoadError) as info:
+            loadgen.run(LoadSpec(host=host, port=port, connections=3, connect_rate=2, connect_timeout=0.5))
+        took = time.monotonic() - t0
+    finally:
+        for sock in fillers:
+            sock.close()
+        srv.close()
+    assert info.value.kind == "connect"
+    assert "timed out after 1.5 s" in str(info.value)
+    assert 1.4 <= took < BOUND
+
+
 def test_session_reuses_connections_across_rounds():
     with BrokenServer("echo") as server:
         with loadgen.LoadSession(spec_for(server, connections=5, messages=100, warmup_messages=10)) as s:
@@ -221,6 +273,8 @@ def test_server_that_stops_reading_stalls_with_the_waiting_count():
 def test_one_connection_delayed_forever_stalls():
     err = run_broken("delay_one", "stall")
     assert "1 of 4 connections waiting" in str(err)
+    # accepted and left waiting (the server's kernel acknowledged its bytes): not an accept queue
+    assert "never served" not in str(err) and err.result["unserved"] == 0 and err.result["served"] == 3
 
 
 def test_deadline_ends_a_phase():

@@ -122,6 +122,7 @@ def result(completed=1000, elapsed=0.1, lg_cpu=0.05, p50=50_000, counts=(500, 50
 
 class FakeServer:
     pid = measured_pid = 4242
+    measured_pids = (4242,)
     address = ("127.0.0.1", 9)
     ready = {"malloc_probe": "mmap"}
 

@@ -26,7 +26,8 @@ MIN_TICKS_FOR_SPLIT = 20
 @dataclass(frozen=True)
 class EchoCase:
     """One echo benchmark.  ``plain``: the plain reference server of ``impl``
-    (``pyconcbench.plain``) instead of the project's; ``count_alloc``: count the server's
+    (``pyconcbench.plain``) instead of the project's; ``command``: a program the user brings
+    (``harness.CommandServer``), named ``impl``; ``count_alloc``: count the server's
     allocator syscalls in one untimed round after the measured ones (set where a run compares
     allocator states)."""
 
@@ -38,6 +39,8 @@ class EchoCase:
     plain: bool = False
     count_alloc: bool = field(default=False, compare=False)
     explain: bool = field(default=False, compare=False)  # trace one untimed round (pyconcbench.explain)
+    #: a server the user brings (--pcb-server-cmd): its command line; ``impl`` is its name
+    command: Optional[str] = None
 
     @property
     def scale(self) -> str:
@@ -88,6 +91,9 @@ def echo_cases(settings: Settings) -> List[EchoCase]:
             if reference and impl in plain.PLAIN:
                 out += [EchoCase(impl, conns, size, transport, malloc, plain=True)
                         for malloc in mallocs if malloc != "tuned"]
+        if settings.server_cmd and transport in harness.command_transports(settings.server_cmd):
+            out += [EchoCase(settings.server_name, conns, size, transport, malloc, command=settings.server_cmd)
+                    for malloc in settings.mallocs]
     # Where a run compares allocator states of a server, count their allocator syscalls.
     states: Dict[Tuple[str, int, int, str], int] = {}
     for case in out:
@@ -171,7 +177,8 @@ class EchoRunner:
             warmup_messages=max(2000, per_connection(case.connections) * case.connections // 5) if messages else 0,
             warmup_seconds=0.0 if messages else min(1.0, duration),
             cpu=cpus[1] if cpus else None, stall_timeout=settings.stall_timeout,
-            connect_timeout=max(30.0, case.connections / 200.0),
+            # paced (--pcb-connect-rate), the engine counts this from the last connect due
+            connect_timeout=max(30.0, case.connections / 200.0), connect_rate=settings.connect_rate,
             # a hard bound on each phase: slower than 100 round trips a second is a failure
             deadline=max(120.0, 10 * settings.stall_timeout, 2 * duration + 60, messages / 100.0),
         )
@@ -196,11 +203,12 @@ class EchoRunner:
         judge = self.judge
         probes_before = judge.probe()
         self.server.check_alive()
-        before = instruments.snapshot(self.server.measured_pid)
+        pids = self.server.measured_pids  # a command server's whole process tree
+        before = instruments.snapshot(pids)
         started = time.perf_counter()
         result = session.round()
         finished = time.perf_counter()
-        after = instruments.snapshot(self.server.measured_pid)
+        after = instruments.snapshot(pids)
         if before.server_runtime is None or after.server_runtime is None:
             self.server.check_alive()
             raise harness.ServerError(
@@ -312,6 +320,8 @@ class EchoRunner:
         outcome = EchoOutcome.from_records(self, session.connect_seconds)
         if alloc is not None:
             outcome.extra.update(alloc)
+        if self.spec.connect_rate:
+            outcome.extra["connect_paced_per_s"] = self.spec.connect_rate  # --pcb-connect-rate
         if counts is not None:
             # every round trip in the counted window, rejected noisy rounds included
             messages = sum(r.result.completed for r in self.records + self.rejected)
@@ -419,8 +429,8 @@ class EchoOutcome:
             "server_user_share": None if user_share is None else round(user_share, 3),
             "server_cpu_us_per_msg": round(s_cpu / completed * 1e6, 3) if completed else None,
             "loadgen_cpu_us_per_msg": round(l_cpu / completed * 1e6, 3) if completed else None,
-            "server_rss_kib": instruments.proc_status_kib(server.measured_pid, "VmRSS"),
-            "server_rss_peak_kib": instruments.proc_status_kib(server.measured_pid, "VmHWM"),
+            "server_rss_kib": instruments.status_kib_total(server.measured_pids, "VmRSS"),
+            "server_rss_peak_kib": instruments.status_kib_total(server.measured_pids, "VmHWM"),
             "server_rss_idle_kib": idle,
             "server_rss_connected_kib": runner.rss_connected_kib,
             "server_rss_loaded_kib": round(statistics.median(loaded), 1) if loaded else None,
@@ -443,6 +453,8 @@ class EchoOutcome:
             "rounds": [_round_dict(r, idle, case.connections) for r in runner.records],
             "rejected_rounds": [_round_dict(r, idle, case.connections) for r in runner.rejected],
         }
+        if case.command is not None:
+            extra["server_command"] = getattr(server, "command", case.command)
         slow = os.environ.get(servers.SLOWDOWN_ENV, "").strip()
         if slow and case.impl in servers.SLOWDOWN_IMPLS:
             extra["test_slowdown_ns"] = int(slow)  # the test-only knob was on: not a real result

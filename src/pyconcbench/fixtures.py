@@ -125,8 +125,13 @@ def _start_echo_server(case: EchoCase, settings: Settings, python: Optional[str]
     if env:
         extra["env"] = env
     # Thread-per-connection models take seconds to wind down 10k threads on one CPU.
-    server = kind(case.impl, transport=case.transport, cpu=cpus[0] if cpus else None,
-                  malloc=case.malloc, stop_timeout=max(10.0, case.connections / 500.0), **extra)
+    common = dict(transport=case.transport, cpu=cpus[0] if cpus else None, malloc=case.malloc,
+                  stop_timeout=max(10.0, case.connections / 500.0), **extra)
+    if case.command is not None:  # a program the user brings (--pcb-server-cmd)
+        server = harness.CommandServer(case.command, case.impl, ready_timeout=settings.server_ready_timeout,
+                                       **common)
+    else:
+        server = kind(case.impl, **common)
     # not installed, not on PATH, not on this Python: a skip; ServerBroken (our own code): a failure.
     # In an A/B run, side A or B not having it is a failure: the comparison would be lost silently.
     where = f"A/B side {side.upper()}: " if side else ""

@@ -17,12 +17,14 @@ import dataclasses
 import importlib.util
 import json
 import os
+import re
+import shlex
 import signal
 import socket
 import sys
 import time
 from dataclasses import dataclass
-from typing import List, Optional, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 from pyconcbench import loopback, plain, procs, servers
 from pyconcbench.serve import Unusable, implementation_hook
@@ -445,6 +447,11 @@ class ServerProcess:
         return self.pid
 
     @property
+    def measured_pids(self) -> Tuple[int, ...]:
+        """Every process whose CPU and memory are the server's: ``measured_pid`` alone here."""
+        return (self.measured_pid,)
+
+    @property
     def address(self) -> Union[Tuple[str, int], str]:
         """(host, port) for TCP, the socket path for UNIX."""
         if self.ready is None:
@@ -578,3 +585,358 @@ class PlainServer(ServerProcess):
         if code not in (0, -signal.SIGTERM):
             raise ServerError(self._with_stderr("plain server %r exited with code %s" % (self.impl, code)))
         return None
+
+
+# ---- a server the user brings: any program (--pcb-server-cmd) ---------------------------------
+
+#: The placeholders of a server command (exactly one): what the harness hands the program, and
+#: the transports each can serve.  ``{port}``: a free loopback TCP port; ``{unix}``: a socket
+#: path in a temporary directory of ours; ``{fd}``: the number of an inherited socket the
+#: harness already bound and listens on (TCP or UNIX, by the case's transport).
+COMMAND_PLACEHOLDERS: Dict[str, Tuple[str, ...]] = {
+    "{port}": ("tcp",), "{unix}": ("unix",), "{fd}": ("tcp", "unix")}
+#: The prefix of a command server's default name in test ids (``cmd_my-server``).
+COMMAND_PREFIX = "cmd_"
+#: How often readiness is polled (a connect to where the program should listen).
+LISTEN_POLL = 0.02
+#: Lines of a command server's stderr quoted in its one-line errors.
+COMMAND_STDERR_LINES = 3
+_NAME_CHARS = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+def parse_command(text: str) -> Tuple[List[str], str]:
+    """A server command's words (split as a POSIX shell would, no shell run) and its one
+    placeholder; ValueError (one line) for no words, unbalanced quotes, or not exactly one of
+    ``{port}``, ``{unix}``, ``{fd}``."""
+    try:
+        argv = shlex.split(text)
+    except ValueError as exc:
+        raise ValueError(f"{text!r} is not a command line: {exc}") from None
+    if not argv:
+        raise ValueError("the server command is empty")
+    found = [(p, sum(word.count(p) for word in argv)) for p in COMMAND_PLACEHOLDERS]
+    total = sum(n for _, n in found)
+    if total != 1:
+        which = ", ".join(COMMAND_PLACEHOLDERS)
+        got = "none" if total == 0 else ", ".join(f"{p} x{n}" for p, n in found if n)
+        raise ValueError(f"{text!r} needs exactly one of {which} where the program is told where to "
+                         f"listen (got {got}), e.g. 'my-server --port {{port}}'")
+    if "{" in argv[0] and any(p in argv[0] for p in COMMAND_PLACEHOLDERS):
+        raise ValueError(f"{text!r}: the placeholder cannot be the program itself")
+    return argv, next(p for p, n in found if n)
+
+
+def command_transports(text: str) -> Tuple[str, ...]:
+    """The transports a server command can serve (by its placeholder)."""
+    return COMMAND_PLACEHOLDERS[parse_command(text)[1]]
+
+
+def command_name(argv: Sequence[str]) -> str:
+    """The default name of a command server in test ids: ``cmd_`` and its program's basename
+    (past an ``env [-opts] NAME=VALUE ...`` in front), other characters than [A-Za-z0-9_.-]
+    made ``_``."""
+    words = list(argv)
+    if os.path.basename(words[0]) == "env":
+        words = [w for w in words[1:] if "=" not in w and not w.startswith("-")] or words
+    return COMMAND_PREFIX + _NAME_CHARS.sub("_", os.path.basename(words[0]) or "server")
+
+
+def check_name(name: str) -> str:
+    """A name given to a command server (--pcb-server-name): [A-Za-z0-9_.-], not a project
+    implementation's.  ValueError (one line) otherwise."""
+    if not name or _NAME_CHARS.search(name):
+        raise ValueError(f"{name!r} is not a server name: use letters, digits and _ . - only")
+    if name in servers.IMPLS or name.startswith(plain.PREFIX):
+        raise ValueError(f"{name!r} is the name of one of the project's servers: choose another")
+    return name
+
+
+def process_tree(leader: int) -> List[int]:
+    """``leader`` and every process descended from it or in its process group (a daemon's
+    double fork leaves the tree but not the group), from /proc; [] when the leader is gone."""
+    parents: Dict[int, int] = {}
+    group: List[int] = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        pid = int(name)
+        parents[pid] = int(fields[1])
+        if int(fields[2]) == leader:
+            group.append(pid)
+    if leader not in parents:
+        return []
+    tree = {leader} | set(group)
+    grew = True
+    while grew:
+        more = {pid for pid, ppid in parents.items() if ppid in tree} - tree
+        tree |= more
+        grew = bool(more)
+    return sorted(tree)
+
+
+class CommandServer(ServerProcess):
+    """Any program as an echo server, from a command line with one placeholder
+    (``COMMAND_PLACEHOLDERS``), run without a shell.  ``name`` is its implementation name in
+    test ids.  It prints nothing we read (its stdout and stderr go to one file, quoted in its
+    errors); it is ready once a connection to where it should listen succeeds (polled every
+    ``LISTEN_POLL`` s within ``ready_timeout``), gets the pre-flight connections of its
+    allocator state, is pinned to the server CPU before exec, and stopped like every child
+    (SIGTERM to its process group, SIGKILL after ``stop_timeout``: a failure).  Its CPU time
+    and memory are those of its whole process tree (``measured_pids``: such programs fork
+    workers).  It counts nothing: ``stop()`` returns None."""
+
+    def __init__(self, command: str, name: Optional[str] = None, **kwargs) -> None:
+        argv, placeholder = parse_command(command)
+        name = check_name(name) if name is not None else command_name(argv)
+        transport = kwargs.get("transport", "tcp")
+        if transport not in COMMAND_PLACEHOLDERS[placeholder]:
+            raise ValueError(f"server command {command!r} cannot serve {transport}: its {placeholder} "
+                             f"serves {' and '.join(COMMAND_PLACEHOLDERS[placeholder])} only")
+        kwargs.pop("python", None)  # not a Python program of ours
+        super().__init__(name, **kwargs)
+        self.command = command
+        self.template = argv
+        self.placeholder = placeholder
+        self.where = ""  # where it should listen, in words (for its errors)
+        self._listener: Optional[socket.socket] = None
+
+    def argv(self) -> List[str]:
+        return list(self.template)  # before start(): still with its placeholder
+
+    def start(self) -> "CommandServer":
+        """Starts the program and waits until it listens (connect polled); ServerError (one line,
+        the process group killed) when it exits first, never listens within ready_timeout, or
+        fails the pre-flight echoes.  A ``{port}`` program that exits before listening is
+        started once more on a new port (see ``_free_port``)."""
+        if self._child is not None:
+            raise ServerError("server %r already started" % self.impl)
+        tries = 2 if self.placeholder == "{port}" else 1
+        for attempt in range(tries):
+            try:
+                self._start_once()
+                break
+            except _ExitedEarly as exc:
+                if attempt + 1 < tries:
+                    self._child = None  # closed: started again below, on a new port
+                    continue
+                error = ServerError(str(exc))
+            except ServerError as exc:
+                error = exc
+            self._stopped = True
+            self._stop_error = error
+            raise error from None
+        try:
+            if self.malloc != "pristine":
+                self._preflight()
+        except BaseException as exc:
+            self._child.close()
+            self._stopped = True
+            self._stop_error = exc if isinstance(exc, ServerError) else ServerError(
+                "server %r did not start: %r" % (self.impl, exc))
+            raise
+        return self
+
+    def _start_once(self) -> None:
+        pass_fds: Tuple[int, ...] = ()
+        host, port, path = None, None, None
+        if self.transport == "unix":
+            self._tmpdir = procs.make_tmpdir("cmd")  # removed with the child (procs.Child)
+            path = os.path.join(self._tmpdir, "echo.sock")
+        if self.placeholder == "{port}":
+            host, port = self.host, _free_port(self.host)
+            value = str(port)
+            self.where = "%s:%d" % (host, port) if ":" not in host else "[%s]:%d" % (host, port)
+        elif self.placeholder == "{unix}":
+            value = path
+            self.where = path
+        else:
+            try:
+                self._listener = _listening_socket(self.transport, self.host, path)
+            except OSError as exc:
+                raise ServerError("cannot listen on %s for server command %r: %s"
+                                  % (path or self.host, self.command, exc)) from None
+            if self.transport == "tcp":
+                host, port = self._listener.getsockname()[:2]
+            pass_fds = (self._listener.fileno(),)
+            value = str(self._listener.fileno())
+            self.where = "fd %s (%s)" % (value, path if path else "%s:%d" % (host, port))
+        argv = [word.replace(self.placeholder, value) for word in self.template]
+        self.unix_path = path
+        env = dict(os.environ)
+        env.pop(procs.TMPDIR_ENV, None)
+        if self.malloc != "tuned":
+            for name in MALLOC_TUNED_ENV:  # the state is --malloc's, not the caller's environment's
+                env.pop(name, None)
+        env.update(self.env)
+        self.command = shlex.join(argv)
+        self._child = procs.Child(argv, env=env, cpu=self._exec_cpu(), tmpdir=self._tmpdir,
+                                  pass_fds=pass_fds, stdout_to_stderr=True)
+        try:
+            try:
+                self._child.start()
+            finally:
+                if self._listener is not None:  # the program has its own copy now
+                    self._listener.close()
+                    self._listener = None
+        except procs.ChildError as exc:
+            self._child.close()
+            raise ServerError("server command %r cannot start: %s" % (self.command, exc)) from None
+        self.ready = {"impl": self.impl, "transport": self.transport, "pid": self._child.pid,
+                      "host": host, "port": port, "path": path, "command": self.command}
+        try:
+            self._wait_listening()
+        except BaseException:
+            self._child.close()
+            self.ready = None
+            raise
+
+    def _wait_listening(self) -> None:
+        family = socket.AF_UNIX if self.transport == "unix" else (
+            socket.AF_INET6 if ":" in self.ready["host"] else socket.AF_INET)
+        address = self.address
+        deadline = time.monotonic() + self.ready_timeout
+        while True:
+            self._raise_if_exited()
+            try:
+                with socket.socket(family, socket.SOCK_STREAM) as sock:
+                    sock.settimeout(1.0)
+                    sock.connect(address)
+                self._raise_if_exited()  # {fd}: the socket listens from the start; is it still there?
+                return
+            except OSError:
+                pass
+            if time.monotonic() >= deadline:
+                raise ServerError(self._with_stderr("server command %r did not listen on %s within %g s"
+                                                    % (self.command, self.where, self.ready_timeout)))
+            time.sleep(LISTEN_POLL)
+
+    def _raise_if_exited(self) -> None:
+        code = self._child.poll()
+        if code is not None:
+            raise _ExitedEarly(self._with_stderr("server command %r exited with code %s before listening on %s"
+                                                 % (self.command, code, self.where)))
+
+    def _preflight(self) -> None:
+        try:
+            self.preflight()
+        except ServerError:
+            self._raise_if_exited_as_error()
+            raise
+
+    def _raise_if_exited_as_error(self) -> None:
+        self._child.wait(min(1.0, self.stop_timeout))  # its sockets close before it can be reaped
+        try:
+            self._raise_if_exited()
+        except _ExitedEarly as exc:
+            raise ServerError(str(exc)) from None
+
+    def _exec_cpu(self) -> Optional[int]:
+        return self.cpu  # pinned before exec: not a program of ours, no --cpu
+
+    def _stop(self) -> None:  # type: ignore[override]
+        code = self._child.stop(self.stop_timeout)
+        if self._child.killed:
+            raise ServerError(self._with_stderr("server command %r ignored SIGTERM for %g s and was killed (SIGKILL)"
+                                                % (self.command, self.stop_timeout)))
+        if code not in (0, -signal.SIGTERM, 128 + signal.SIGTERM):
+            raise ServerError(self._with_stderr("server command %r exited with code %s when stopped"
+                                                % (self.command, code)))
+        return None
+
+    def check_alive(self) -> None:
+        if self._child is None:
+            raise ServerError("server %r was never started" % self.impl)
+        code = self._child.poll()
+        if code is not None:
+            raise ServerError(self._with_stderr("server command %r (pid %d) exited with code %s"
+                                                % (self.command, self._child.pid, code)))
+
+    @property
+    def measured_pids(self) -> Tuple[int, ...]:
+        """Its whole process tree now (the workers it forked included)."""
+        return tuple(process_tree(self.pid)) or (self.pid,)
+
+    def cpu_times(self) -> Tuple[float, float]:
+        """(user, system) CPU seconds so far, summed over its process tree (children that have
+        exited and been reaped by it count in its own cumulative times only if it waited for them)."""
+        self.check_alive()
+        user = system = 0.0
+        ticks = os.sysconf("SC_CLK_TCK")
+        for pid in self.measured_pids:
+            try:
+                with open("/proc/%d/stat" % pid) as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue  # exited meanwhile
+            user += int(fields[11]) / ticks
+            system += int(fields[12]) / ticks
+        return user, system
+
+    def rss_kib(self) -> int:
+        """Resident memory of its process tree now (shared pages counted in each process)."""
+        return self._tree_kib("VmRSS")
+
+    def peak_rss_kib(self) -> int:
+        """The sum of its processes' peaks: an upper bound of the tree's peak."""
+        return self._tree_kib("VmHWM")
+
+    def _tree_kib(self, key: str) -> int:
+        self.check_alive()
+        total = 0
+        for pid in self.measured_pids:
+            try:
+                with open("/proc/%d/status" % pid) as f:
+                    text = f.read()
+            except OSError:
+                continue
+            for line in text.splitlines():
+                if line.startswith(key + ":"):
+                    total += int(line.split()[1])
+        return total
+
+    def _with_stderr(self, message: str) -> str:
+        """One line: the message and the last lines the program wrote (stdout and stderr)."""
+        tail = self.stderr_text().strip().splitlines()[-COMMAND_STDERR_LINES:]
+        if not tail:
+            return message + " (stderr empty)"
+        return message + "; stderr: " + " | ".join(line.strip() for line in tail)
+
+
+class _ExitedEarly(ServerError):
+    """A command server that exited before it listened (started once more when on {port})."""
+
+
+def _free_port(host: str) -> int:
+    """A free loopback TCP port for a ``{port}`` command: bound to port 0, read, closed.  Not
+    the house rule (a server binds port 0 and keeps the socket) because the program binds it
+    itself; another process may take the port in the moment between (the kernel hands out
+    ephemeral ports in a spread-out order, so this is rare), and the program then fails to
+    listen: CommandServer.start() starts it once more on a new port.  ``{fd}`` has no race."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def _listening_socket(transport: str, host: str, path: Optional[str]) -> socket.socket:
+    """The listening socket a ``{fd}`` command inherits: loopback TCP port 0 or the UNIX path,
+    the kernel's largest backlog (so an accept queue of ours never overflows), inheritable."""
+    if transport == "unix":
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        target: Union[str, Tuple[str, int]] = path
+    else:
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        target = (host, 0)
+    try:
+        sock.bind(target)
+        sock.listen(socket.SOMAXCONN)
+    except OSError:
+        sock.close()
+        raise
+    return sock

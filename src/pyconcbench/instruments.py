@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from .machine import CLK_TCK, _read
 
@@ -133,12 +133,22 @@ def process_runtime(pid: int) -> Optional[float]:
     return total / 1e9 if read else None
 
 
-def snapshot(server_pid: Optional[int]) -> CpuSnapshot:
+def snapshot(server_pid: Union[None, int, Sequence[int]]) -> CpuSnapshot:
+    """The machine's, this process's and the server's CPU time now; ``server_pid`` may be
+    several processes (a server that forks workers), summed (those that are gone count 0;
+    ``server_runtime`` is None when none could be read)."""
     own = process_cpu(os.getpid()) or (0.0, 0.0)
-    server = process_cpu(server_pid) if server_pid else None
-    server = server or (0.0, 0.0)
-    runtime = process_runtime(server_pid) if server_pid else None
-    return CpuSnapshot(machine_busy_seconds(), own[0] + own[1], server[0], server[1], runtime)
+    pids = () if not server_pid else (server_pid,) if isinstance(server_pid, int) else tuple(server_pid)
+    user = system = 0.0
+    runtime: Optional[float] = None
+    for pid in pids:
+        cpu = process_cpu(pid)
+        if cpu is not None:
+            user, system = user + cpu[0], system + cpu[1]
+        ran = process_runtime(pid)
+        if ran is not None:
+            runtime = (runtime or 0.0) + ran
+    return CpuSnapshot(machine_busy_seconds(), own[0] + own[1], user, system, runtime)
 
 
 def cacheline_rtt(cpu_a: int, cpu_b: int, iterations: int = 20000) -> Optional[float]:
@@ -163,6 +173,13 @@ def proc_status_kib(pid: Any, key: str) -> Optional[int]:
             except (ValueError, IndexError):
                 return None
     return None
+
+
+def status_kib_total(pids: Sequence[int], key: str) -> Optional[int]:
+    """``proc_status_kib`` summed over several processes (a server and its workers), or None
+    when none could be read."""
+    values = [v for v in (proc_status_kib(pid, key) for pid in pids) if v is not None]
+    return sum(values) if values else None
 
 
 def mappings(pid: Any = "self") -> Optional[int]:

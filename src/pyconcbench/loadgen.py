@@ -40,6 +40,9 @@ MAX_SIZE = _native.MAX_SIZE
 MAX_CONNECTIONS = _native.MAX_CONNECTIONS
 MAX_MESSAGES = _native.MAX_MESSAGES
 MAX_ERRORS = _native.MAX_ERRORS
+#: Paced connects per second, when paced (LoadSpec.connect_rate).
+MIN_CONNECT_RATE = _native.MIN_CONNECT_RATE
+MAX_CONNECT_RATE = _native.MAX_CONNECT_RATE
 #: Message buffers the engine may allocate (connections x size) before refusing.
 MAX_PAYLOAD_MEMORY = _native.MAX_PAYLOAD_MEMORY
 #: Sockets, pipes and files the process needs besides the load's connections.
@@ -122,6 +125,10 @@ class LoadSpec:
     cpu: Optional[int] = None          #: pin the engine's thread to this CPU
     max_errors: int = 0                #: connection errors tolerated per phase
     seed: int = 0                      #: varies the payloads
+    #: connects started per second (0: unpaced, up to 512 in flight at once); paced, the
+    #: connect_timeout runs from when the last connect is due, (connections - 1) / rate after
+    #: the first
+    connect_rate: float = 0.0
 
     def __post_init__(self) -> None:
         if self.transport not in ("tcp", "unix"):
@@ -160,6 +167,10 @@ class LoadSpec:
             value = getattr(self, name)
             if not _is_number(value) or value <= 0:
                 raise _fail(name, value, "must be a number of seconds > 0")
+        if not _is_number(self.connect_rate) or not (
+                self.connect_rate == 0 or MIN_CONNECT_RATE <= self.connect_rate <= MAX_CONNECT_RATE):
+            raise _fail("connect_rate", self.connect_rate,
+                        f"must be 0 (unpaced) or {MIN_CONNECT_RATE:g} .. {MAX_CONNECT_RATE:g} connections a second")
         if self.messages == 0 and self.duration <= 0:
             raise _fail("messages", self.messages, "is 0, so duration must be > 0")
         if self.cpu is not None:
@@ -281,10 +292,11 @@ def ensure_fd_limit(connections: int) -> int:
 
 
 def _raise_for(res: Dict[str, Any]) -> None:
-    """The one place an engine result becomes a LoadError: a failed status, or a phase with a
+    """The one place an engine result becomes a LoadError: a failed status (a stall says what
+    connections that were never served at all likely mean: ``unserved_note``), or a phase with a
     latency outside the histogram's range (counted there, never in its percentiles)."""
     if res["status"] != "ok":
-        raise LoadError(res["status"], res["message"], res)
+        raise LoadError(res["status"], res["message"] + unserved_note(res), res)
     hist = res.get("latency")
     if hist is not None and hist.out_of_range:
         slowest = f"{hist.max / 1e6:.3f} ms" if hist.count else "none"
@@ -294,6 +306,23 @@ def _raise_for(res: Dict[str, Any]) -> None:
             f"than {_native.HIST_MAX_NS / 1e9:g} s (or under {_native.HIST_MIN_NS} ns), outside "
             f"the latency histogram's range; p99 and max would leave them out (slowest in "
             f"range: {slowest})", res)
+
+
+def unserved_note(res: Dict[str, Any]) -> str:
+    """For a stalled phase where some waiting TCP connections never received a single byte
+    since they connected and the server's kernel never acknowledged theirs (the engine's
+    ``unserved``: the client completed the handshake, the server's half was dropped) while
+    others were served: what that likely means (an accept queue that overflowed), as the rest
+    of the same line; '' otherwise.  A server that served no connection at all is broken in
+    some other way, and one that accepted a connection and left it waiting (its bytes were
+    acknowledged) does it itself: neither gets this note."""
+    unserved, served = res.get("unserved", 0), res.get("served", 0)
+    if res.get("status") != "stall" or not unserved or not served:
+        return ""
+    return (f": {unserved} of {res.get('live', unserved + served)} connections were established but never served "
+            "(no echo at all): the server's accept queue probably overflowed (listen backlog smaller "
+            "than the connections opened at once); raise its backlog or pace the connects with "
+            "--pcb-connect-rate")
 
 
 class LoadSession:
@@ -323,6 +352,7 @@ class LoadSession:
             cpu=-1 if spec.cpu is None else spec.cpu,
             max_errors=spec.max_errors,
             seed=spec.seed,
+            connect_rate=float(spec.connect_rate),
         )
         res = load.open()
         _raise_for(res)

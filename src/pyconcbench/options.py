@@ -137,6 +137,33 @@ def parse_mallocs(text: str) -> Tuple[str, ...]:
     return tuple(dict.fromkeys(out))
 
 
+def parse_server_cmd(text: str) -> str:
+    """A server command line with exactly one of {port}, {unix}, {fd} (harness.parse_command)."""
+    from . import harness
+    harness.parse_command(text)
+    return text
+
+
+def parse_server_name(text: str) -> str:
+    from . import harness
+    return harness.check_name(text.strip())
+
+
+def parse_rate(text: str) -> float:
+    """'100' or '100/s' -> connections per second (loadgen's range)."""
+    from . import loadgen
+    raw = text.strip()
+    raw = raw[:-2] if raw.endswith("/s") else raw
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a rate (connections per second, e.g. 100 or 100/s)") from None
+    if not loadgen.MIN_CONNECT_RATE <= value <= loadgen.MAX_CONNECT_RATE:
+        raise ValueError(f"{text!r} is outside {loadgen.MIN_CONNECT_RATE:g} .. {loadgen.MAX_CONNECT_RATE:g} "
+                         "connections per second")
+    return value
+
+
 def parse_reference(text: str) -> str:
     value = text.strip().lower()
     if value not in REFERENCE_MODES:
@@ -383,6 +410,17 @@ OPTIONS: Dict[str, Tuple[Callable[[str], Any], Optional[str], str, str]] = {
     "benchmark-table": (parse_bool, "no", "also print pytest-benchmark's own table of round times (its OPS "
                         "column is rounds per second, not round trips: pyconcbench's tables have the figures)",
                         "yes|no"),
+    "server-cmd": (parse_server_cmd, None, "benchmark any program as an echo server: a command line (split like "
+                   "a shell's, none run) with exactly one of {port} (a free loopback TCP port it listens on), "
+                   "{unix} (a UNIX socket path it listens on) or {fd} (the number of an inherited socket already "
+                   "listening, TCP or UNIX by the case); its cases run beside --pcb-impl's when that is given, "
+                   "alone otherwise", "COMMAND"),
+    "server-name": (parse_server_name, None, "the --pcb-server-cmd server's name in test ids (letters, digits, _ . -; "
+                    "default: cmd_ and its program's name)", "NAME"),
+    "server-ready-timeout": (parse_seconds, "15", "how long a --pcb-server-cmd program may take to listen",
+                             "SECONDS"),
+    "connect-rate": (parse_rate, None, "open the connections at this many a second (default: unpaced, up to "
+                     "512 connects in flight): for servers with a small listen backlog", "PER_SECOND"),
     "allow-machine-change": (parse_bool, "no", "gate even when the baseline's CPU model, CPU count, kernel "
                              "or Python differ from this machine's", "yes|no"),
 }
@@ -416,6 +454,10 @@ class Settings:
     agree: Optional[float] = None  # None: the profile's
     benchmark_table: bool = False  # pytest-benchmark's own table at the end
     explain: bool = False  # one traced, untimed round per implementation (pyconcbench.explain)
+    server_cmd: Optional[str] = None  # --pcb-server-cmd: a program the user brings
+    server_name: str = ""  # its name in test ids
+    server_ready_timeout: float = 15.0
+    connect_rate: float = 0.0  # connects per second, 0: unpaced
 
     def plan(self, most: int, profile: Optional[Profile] = None) -> Any:
         """How many rounds a case whose profile measures ``most`` runs (rounds.Plan): exactly
@@ -488,6 +530,13 @@ def resolve(raw: Callable[[str], Tuple[Optional[str], str]]) -> Settings:
         raise OptionError(
             f"{sources['conns']}: {too_many[0]} connections do not fit: one process holds at most "
             f"{top} sockets here (ulimit -n hard limit {loadgen.fd_limit()[1]}); use 'max'")
+    impls, server_name = values["impl"], ""
+    if values["server-cmd"] is not None:
+        server_name = _command_server(values, sources, cases)
+        if sources["impl"] == "default":
+            impls = ()  # the command alone, unless --pcb-impl says which to compare it with
+    elif values["server-name"] is not None:
+        raise OptionError(f"{sources['server-name']}: names the --pcb-server-cmd server, and none is given")
     ab_envs = None
     if values["ab-a"] is not None or values["ab-b"] is not None:
         ab_envs = _ab_environments(values, sources)
@@ -503,7 +552,7 @@ def resolve(raw: Callable[[str], Tuple[Optional[str], str]]) -> Settings:
         note = plan.note
     return Settings(
         profile=values["profile"],
-        impls=values["impl"],
+        impls=impls,
         cases=tuple(dict.fromkeys(cases)),
         messages=values["messages"],
         duration=values["duration"],
@@ -514,7 +563,7 @@ def resolve(raw: Callable[[str], Tuple[Optional[str], str]]) -> Settings:
         mallocs=values["malloc"] or (harness.MALLOC_DEFAULT,),
         # the profile's variants only when the states were not chosen, and only at its cases
         variants=() if values["malloc"] else tuple(
-            v for v in profile.variants if v[0] in values["impl"] and v[1:4] in cases),
+            v for v in profile.variants if v[0] in impls and v[1:4] in cases),
         reference=values["reference"],
         syscalls=values["syscalls"],
         fail_on=values["fail-on"],
@@ -530,7 +579,28 @@ def resolve(raw: Callable[[str], Tuple[Optional[str], str]]) -> Settings:
         agree=values["agree"],
         benchmark_table=values["benchmark-table"],
         explain=values["explain"],
+        server_cmd=values["server-cmd"],
+        server_name=server_name,
+        server_ready_timeout=values["server-ready-timeout"],
+        connect_rate=values["connect-rate"] or 0.0,
     )
+
+
+def _command_server(values: Dict[str, Any], sources: Dict[str, str], cases: List[Tuple[int, int, str]]) -> str:
+    """The --pcb-server-cmd server's name; OptionError when no case of the run has a transport
+    its placeholder serves and the transports were asked for explicitly ({port} with
+    --pcb-transport unix).  Otherwise the cases it cannot serve (the profile's UNIX case for a
+    {port} command) are simply not generated for it."""
+    from . import harness
+    argv, placeholder = harness.parse_command(values["server-cmd"])
+    serves = harness.COMMAND_PLACEHOLDERS[placeholder]
+    if not any(t in serves for _, _, t in cases):
+        where = sources["transport"] if sources["transport"] != "default" else "--pcb-transport not given"
+        have = " and ".join(dict.fromkeys(t for _, _, t in cases))
+        raise OptionError(
+            f"{sources['server-cmd']}: its {placeholder} serves {' and '.join(serves)} only, and the run's "
+            f"cases are over {have} only ({where}): give --pcb-transport {serves[0]}, or use {{fd}} (either)")
+    return values["server-name"] if values["server-name"] is not None else harness.command_name(argv)
 
 
 def _ab_environments(values: Dict[str, Any], sources: Dict[str, str]) -> Dict[str, Any]:

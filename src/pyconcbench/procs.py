@@ -253,12 +253,15 @@ class Child:
     """One child process.  ``cpu``: pinned there before exec (every thread inherits it);
     ``death_signal``: what it gets when this thread dies; ``capture_stderr``: to a temporary
     file (``stderr_text``), else inherited; ``tmpdir``: a directory removed with the child;
-    ``stdin_pipe``: its stdin a pipe for ``write_line`` (a line protocol), else /dev/null."""
+    ``stdin_pipe``: its stdin a pipe for ``write_line`` (a line protocol), else /dev/null;
+    ``stdout_to_stderr``: its stdout goes where its stderr goes (a program that is not ours and
+    may log freely: a pipe nobody reads would block it once full), no ``read_line``."""
 
     def __init__(self, argv: Sequence[str], *, env: Optional[Dict[str, str]] = None,
                  pass_fds: Sequence[int] = (), cpu: Optional[int] = None,
                  death_signal: int = signal.SIGTERM, capture_stderr: bool = True,
-                 tmpdir: Optional[str] = None, stdin_pipe: bool = False) -> None:
+                 tmpdir: Optional[str] = None, stdin_pipe: bool = False,
+                 stdout_to_stderr: bool = False) -> None:
         self.argv: List[str] = list(argv)
         self.env = dict(os.environ if env is None else env)
         self.env[PARENT_ENV] = str(os.getpid())
@@ -269,6 +272,7 @@ class Child:
         self.capture_stderr = capture_stderr
         self.tmpdir = tmpdir
         self.stdin_pipe = stdin_pipe
+        self.stdout_to_stderr = stdout_to_stderr
         self.proc: Optional[subprocess.Popen] = None
         self.out = b""  # read from its stdout, not yet consumed
         self.rusage: Any = None
@@ -301,7 +305,10 @@ class Child:
         self._stderr = tempfile.TemporaryFile() if self.capture_stderr else None
         try:
             stdin = subprocess.PIPE if self.stdin_pipe else subprocess.DEVNULL
-            self.proc = subprocess.Popen(self.argv, stdin=stdin, stdout=subprocess.PIPE,
+            stdout = subprocess.PIPE
+            if self.stdout_to_stderr:
+                stdout = self._stderr if self._stderr is not None else None
+            self.proc = subprocess.Popen(self.argv, stdin=stdin, stdout=stdout,
                                          stderr=self._stderr, env=self.env, pass_fds=self.pass_fds,
                                          preexec_fn=setup, start_new_session=True)
         except (OSError, subprocess.SubprocessError) as exc:
@@ -443,9 +450,9 @@ class Child:
 
     def _drain_until_exit(self, timeout: float) -> bool:
         """Reads its stdout until EOF and reaps it, for at most ``timeout`` s; True once reaped."""
-        assert self.proc is not None and self.proc.stdout is not None
+        assert self.proc is not None
         deadline = time.monotonic() + timeout
-        if not self.proc.stdout.closed:
+        if self.proc.stdout is not None and not self.proc.stdout.closed:
             fd = self.proc.stdout.fileno()
             os.set_blocking(fd, False)
             with selectors.DefaultSelector() as sel:
