@@ -192,3 +192,13 @@ def test_check_names_what_a_users_server_gets_wrong(tmp_path, monkeypatch, capsy
     out = capsys.readouterr().out.splitlines()
     assert len(out) == 2 and out[0].startswith("greedy.py:serve: backpressure: a client that sends and never reads")
     assert out[1] == "greedy.py:serve: 1 of 2 failed"
+
+
+def test_check_takes_any_program_by_its_command_line(capsys):
+    cmd = f"{sys.executable} -m pyconcbench.serve native_epoll --port {{port}}"
+    assert cli.main(["check", cmd, "--only", "echo,partial_io,sigterm"]) == 0
+    assert capsys.readouterr().out.splitlines() == [f"{cmd}: 3 of 3 properties hold"]
+    gone = f"{sys.executable} -c 'import sys; sys.exit(3)' {{port}}"
+    assert cli.main(["check", gone, "--only", "echo"]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 2 and "exited with code 3 before listening on 127.0.0.1:" in out[0]

@@ -126,9 +126,11 @@ def parser() -> argparse.ArgumentParser:
                                    "Exit 0 every property holds, 1 some failed (or the server did not start), "
                                    "2 usage error, 3 not available here (a package or tool missing), "
                                    "4 pyconcbench's own code broken.")
-    k.add_argument("impls", nargs="+", metavar="IMPL",
+    k.add_argument("impls", nargs="+", metavar="IMPL_OR_CMD",
                    help="a server: an implementation id (native_epoll, asyncio_protocol, ...: "
-                        "python -m pyconcbench.serve --help lists them)")
+                        "python -m pyconcbench.serve --help lists them), a serve function of your own "
+                        "(MODULE:FUNCTION, PATH.py:FUNCTION), or any program's command line with one of "
+                        "{port}, {unix}, {fd} (as --pcb-server-cmd takes it; quote it)")
     k.add_argument("--transport", default="tcp", metavar="tcp,unix",
                    help="comma-separated: the transports to check each server over. Default: %(default)s")
     k.add_argument("--only", metavar="PROPERTY,...",
@@ -457,6 +459,8 @@ def _server_for(spec: str, transport: str):
     anything else; ValueError when the server cannot be made as asked."""
     from pyconcbench import conformance, harness, servers
 
+    if any(p in spec for p in harness.COMMAND_PLACEHOLDERS):  # any program: a command line
+        return harness.CommandServer(spec, transport=transport, cpu=None, stop_timeout=conformance.STOP_TIMEOUT)
     if spec not in servers.IMPLS and ":" not in spec:
         servers.load(spec)  # raises UnknownImpl, with the known ids, before importing anything
     return harness.ServerProcess(spec, transport=transport, cpu=None, stop_timeout=conformance.STOP_TIMEOUT)
