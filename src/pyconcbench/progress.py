@@ -95,24 +95,24 @@ def summary(family: str, item: pytest.Item, info: Dict[str, Any]) -> str:
             ratio, low, high = _num(iv.get("ratio")), _num(iv.get("low")), _num(iv.get("high"))
             if ratio is None:
                 return head
-            return f"{head:<44} B/A msgs/s {ratio:.3f}" + (f" [{low:.3f}, {high:.3f}]" if low and high else "")
+            return f"{head:<52} B/A msgs/s {ratio:.3f}" + (f" [{low:.3f}, {high:.3f}]" if low and high else "")
         rate, p99 = _num(info.get("msgs_per_s")), _num(info.get("latency_p99_us"))
         body = f"{rate:>12,.0f} msgs/s" if rate is not None else ""
         body += f"  p99 {p99:,.0f} us" if p99 is not None else ""
-        return f"{head:<44}{body}{tail}"
+        return f"{head:<52}{body}{tail}"
     if family == "zmq":
         rate, p99 = _num(info.get("requests_per_s")), _num(info.get("latency_p99_us"))
         head = f"zmq {params['zmq_case'].id}"
         body = f"{rate:>12,.0f} req/s" if rate is not None else ""
         body += f"  p99 {p99:,.0f} us" if p99 is not None else ""
-        return f"{head:<44}{body}{tail}"
+        return f"{head:<52}{body}{tail}"
     if family == "switch":
         ns = _num(info.get("ns_per_op"))
         head = f"switch {params['switch_case'].id}"
-        return f"{head:<44}" + (f"{ns:>12,.1f} ns/op" if ns is not None else "") + tail
+        return f"{head:<52}" + (f"{ns:>12,.1f} ns/op" if ns is not None else "") + tail
     rate = _num(info.get("msgs_per_s"))
     head = f"ceiling c{params['ceiling_connections']}"
-    return f"{head:<44}" + (f"{rate:>12,.0f} msgs/s" if rate is not None else "")
+    return f"{head:<52}" + (f"{rate:>12,.0f} msgs/s" if rate is not None else "")
 
 
 class Progress:
@@ -230,5 +230,5 @@ class Progress:
                     body += ": " + (lines[-1] if len(lines[-1]) <= 120 else lines[-1][:119] + "…")
         left = self.time_left()
         if left is not None and len(self.finished) < len(self.estimate):
-            body = f"{body:<86} ~{clock(left)} left"
+            body = f"{body:<96} ~{clock(left)} left"
         self.reporter.write_line(head + body)
