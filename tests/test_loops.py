@@ -139,6 +139,61 @@ def test_serve_over_unix_follows_what_the_installed_rloop_can_do(tmp_path):
                               f"rloop {metadata.version('rloop')} (its loop.create_unix_server raises NotImplementedError)")
 
 
+# -- rloop and serve's stop signals --------------------------------------------------------
+
+def test_the_rloop_loop_calls_the_python_handler_of_a_stop_signal(fake_rloop, monkeypatch):
+    """rloop runs a Python signal handler only for what was given to loop.add_signal_handler:
+    new_event_loop hands it the handlers serve set (a stand-in loop records what it is given)."""
+    import signal
+
+    mods, fake = fake_rloop
+    given = {}
+
+    class Recording(asyncio.SelectorEventLoop):
+        def add_signal_handler(self, sig, callback, *args):
+            given[sig] = (callback, args)
+
+    fake.new_event_loop = Recording
+
+    def handler(signum, frame):
+        pass
+    monkeypatch.setattr(signal, "getsignal", lambda signum: {
+        signal.SIGTERM: handler, signal.SIGINT: signal.default_int_handler, signal.SIGHUP: signal.SIG_DFL}[signum])
+    loop = mods["rloop_protocol"].new_event_loop()
+    loop.close()
+    # SIGINT's KeyboardInterrupt and SIGHUP's default are Python's own: left alone
+    assert given == {signal.SIGTERM: (handler, (signal.SIGTERM, None))}
+
+
+@pytest.mark.skipif(importlib.util.find_spec("rloop") is None, reason="rloop is not installed")
+def test_the_real_rloop_loop_runs_the_handler_it_was_given():
+    """In a fresh interpreter: once the loop is made, Python's handler for SIGHUP is rloop's own
+    (the one it sets for add_signal_handler), so ours can only run when rloop calls it; it does,
+    with the signal's number, and the stop is seen from the loop."""
+    code = """
+import asyncio, os, signal, subprocess
+from pyconcbench.servers.rloop_protocol import new_event_loop
+got = []
+def ours(signum, frame):
+    got.append(signum)
+    if not stopped.done():
+        stopped.set_result(signum)
+signal.signal(signal.SIGHUP, ours)
+loop = new_event_loop()
+print(signal.getsignal(signal.SIGHUP) is ours)
+stopped = loop.create_future()
+async def main():
+    subprocess.Popen(["sh", "-c", "sleep 0.2; kill -HUP %d" % os.getpid()])
+    return await asyncio.wait_for(stopped, 10)
+print(loop.run_until_complete(main()), got)
+loop.close()
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    hup = int(__import__("signal").SIGHUP)
+    assert done.stdout.split("\n")[:2] == ["False", f"{hup} [{hup}]"]
+
+
 # -- versions in the machine facts ------------------------------------------------------------
 
 EXPECTED = ("uvloop", "rloop", "uringcore", "gevent", "greenlet", "tornado", "twisted", "trio", "anyio",

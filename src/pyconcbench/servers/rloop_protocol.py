@@ -1,15 +1,25 @@
 """asyncio_protocol's echo server (Protocol callbacks, no coroutine per connection), the
 same code, on an rloop event loop (written in Rust) instead of asyncio's default loop.
 
-Also ``check_transport``, shared with rloop_streams: rloop 0.5 serves TCP only (its
-``create_unix_server`` raises NotImplementedError), so over a UNIX socket these two are not
-available (a skip naming the release), found by asking the loop rather than by version, so a
-release that serves UNIX sockets is measured over them.  rloop_sockets needs no server from the
-loop and serves both."""
+Two things the three rloop servers share, both about rloop (0.5) rather than the serving code:
+
+- ``new_event_loop``: rloop's run loop never runs Python signal handlers by itself.  A signal
+  only reaches its self-pipe, where it calls back what was given to ``loop.add_signal_handler``;
+  a handler set with ``signal.signal`` (serve's stop on SIGTERM, SIGINT, SIGHUP) waits for some
+  Python code to run, and when the signal lands outside the loop's wait none does: the server
+  never stops (about one stop in 150).  So the loop is handed those handlers.
+- ``check_transport`` (rloop_protocol, rloop_streams): rloop 0.5 serves TCP only (its
+  ``create_unix_server`` raises NotImplementedError), so over a UNIX socket these two are not
+  available (a skip naming the release), found by asking the loop rather than by version, so a
+  release that serves UNIX sockets is measured over them.  rloop_sockets needs no server from
+  the loop and serves both.
+"""
 from __future__ import annotations
 
 import asyncio
+import signal
 import socket
+import threading
 
 import rloop
 
@@ -20,8 +30,25 @@ from pyconcbench.servers.asyncio_protocol import run
 IMPL = "rloop_protocol"
 
 
+#: The signals whose Python handlers the loop is given (serve's stop signals).
+HANDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """A new rloop loop that calls, from its own loop, the Python handler set for each of
+    HANDED_SIGNALS (in the main thread: signals are handled there only).  Python's default
+    handlers (SIGINT's KeyboardInterrupt, SIG_DFL, SIG_IGN) are left as they are."""
+    loop = rloop.new_event_loop()
+    if threading.current_thread() is threading.main_thread():
+        for signum in HANDED_SIGNALS:
+            handler = signal.getsignal(signum)
+            if callable(handler) and handler is not signal.default_int_handler:
+                loop.add_signal_handler(signum, handler, int(signum), None)
+    return loop
+
+
 def serve(sock: socket.socket, stop_fd: int, stats: Stats) -> None:
-    run(asyncio_protocol.serve_async(sock, stop_fd, stats), loop_factory=rloop.new_event_loop)
+    run(asyncio_protocol.serve_async(sock, stop_fd, stats), loop_factory=new_event_loop)
 
 
 def serves_unix_sockets() -> bool:
