@@ -7,7 +7,11 @@ Two things the three rloop servers share, both about rloop (0.5) rather than the
   only reaches its self-pipe, where it calls back what was given to ``loop.add_signal_handler``;
   a handler set with ``signal.signal`` (serve's stop on SIGTERM, SIGINT, SIGHUP) waits for some
   Python code to run, and when the signal lands outside the loop's wait none does: the server
-  never stops (about one stop in 150).  So the loop is handed those handlers.
+  never stops (about one stop in 150).  So the loop is given those signals, with a callback
+  that only runs Python code, so that the interpreter then runs the handlers itself: serve's
+  handlers stay the process's, and run in the interpreter's order (rloop calls its callbacks
+  for two signals that arrive together in either order: serve would record SIGTERM for a
+  SIGINT followed at once by a SIGTERM).
 - ``check_transport`` (rloop_protocol, rloop_streams): rloop 0.5 serves TCP only (its
   ``create_unix_server`` raises NotImplementedError), so over a UNIX socket these two are not
   available (a skip naming the release), found by asking the loop rather than by version, so a
@@ -34,16 +38,23 @@ IMPL = "rloop_protocol"
 HANDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
+def run_python_handlers() -> None:
+    """rloop's callback for a signal in HANDED_SIGNALS.  Running it is the point: Python code
+    running in the main thread is when the interpreter runs its pending signal handlers."""
+
+
 def new_event_loop() -> asyncio.AbstractEventLoop:
-    """A new rloop loop that calls, from its own loop, the Python handler set for each of
-    HANDED_SIGNALS (in the main thread: signals are handled there only).  Python's default
-    handlers (SIGINT's KeyboardInterrupt, SIG_DFL, SIG_IGN) are left as they are."""
+    """A new rloop loop that wakes for each of HANDED_SIGNALS that has a Python handler set (in
+    the main thread: signals are handled there only) and lets the interpreter run that handler,
+    which stays the signal's handler.  Python's default handlers (SIGINT's KeyboardInterrupt,
+    SIG_DFL, SIG_IGN) are left as they are."""
     loop = rloop.new_event_loop()
     if threading.current_thread() is threading.main_thread():
         for signum in HANDED_SIGNALS:
             handler = signal.getsignal(signum)
             if callable(handler) and handler is not signal.default_int_handler:
-                loop.add_signal_handler(signum, handler, int(signum), None)
+                loop.add_signal_handler(signum, run_python_handlers)
+                signal.signal(signum, handler)  # rloop set a no-op handler of its own
     return loop
 
 
