@@ -103,6 +103,14 @@ def _tool_version(path: str, args: tuple) -> Optional[str]:
     return found.group(1) if found else None
 
 
+def libraries_line() -> str:
+    """'uvloop 0.21.0, libuv 1.48.0, rloop 0.5.0, ... (not installed: curio)': the loops,
+    libraries and tools of this machine as the pytest header shows them (pytest and
+    pytest-benchmark print their own)."""
+    return metrics.libraries_text({**collect_versions(), **collect_tool_versions()},
+                                  leave_out=("pytest", "pytest-benchmark"))
+
+
 def collect_fd_limit() -> Dict[str, int]:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     return {"soft": soft, "hard": hard}

@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
 
-from . import echo, fixtures, gate_plugin, machine, metrics, micro, options, procs, rounds
+from . import echo, fixtures, gate_plugin, machine, micro, options, procs, rounds
 from . import zmq as pcbzmq
 from .fixtures import AB_KEY, CALL_FAILED_KEY, CEILING_KEY, RESULTS_KEY, SETTINGS_KEY, SWITCH_KEY
 from .options import Settings
@@ -82,9 +82,7 @@ def pytest_report_header(config: pytest.Config) -> List[str]:
         return []
     rounds_ = settings.rounds or "the profile's"
     lines = [f"pyconcbench: profile {settings.profile}, {rounds_} rounds, {settings.pinning_note}"]
-    libraries = {**machine.collect_versions(), **machine.collect_tool_versions()}
-    lines.append("pyconcbench: loops and libraries: "
-                 + metrics.libraries_text(libraries, leave_out=("pytest", "pytest-benchmark")))
+    lines.append("pyconcbench: loops and libraries: " + machine.libraries_line())
     if settings.strict:
         lines.append(f"pyconcbench: strict ({fixtures.strict_reason(settings)}): an implementation that cannot "
                      "run here fails instead of skipping")
