@@ -1,5 +1,5 @@
 """The models beside asyncio_protocol, asyncio_streams and selectors: asyncio_sockets,
-asyncio_buffered, the uvloop variants, threads and gevent.  What test_serve.py's conformance
+asyncio_buffered, the uvloop and rloop variants, threads and gevent.  What test_serve.py's conformance
 test does not check: backpressure (a client that does not read is stalled, then gets back every
 byte it sent, unaltered), SIGINT, a stop with many connections open, and serve() in a thread
 without leaks."""
@@ -18,7 +18,8 @@ from pyconcbench.harness import ServerProcess
 
 MODELS = [
     "asyncio_sockets", "asyncio_buffered", "uvloop_protocol", "uvloop_streams",
-    "uvloop_sockets", "uvloop_buffered", "threads", "gevent",
+    "uvloop_sockets", "uvloop_buffered", "rloop_protocol", "rloop_streams", "rloop_sockets",
+    "threads", "gevent",
 ]
 STOP_BOUND = 15.0  # s: stop()'s SIGTERM-to-SIGKILL bound in the stop test
 CHUNK = 65536
@@ -115,6 +116,16 @@ def test_stops_promptly_with_many_connections_open(impl):
 
 IN_PROCESS = [impl for impl in MODELS
               if all(importlib.util.find_spec(d) for d in servers.IMPLS[impl].requires)]
+#: Run in a thread of the test process, rloop (0.5.0) leaves descriptors behind and closes one
+#: it does not own: its closed loop keeps its epoll and eventfd, the listening socket and the
+#: connections aborted at the stop stay open, and the next test's new listening socket fails
+#: with EBADF.  Not run (it would break the tests after it); each serve() runs in its own process
+#: when measured, where the conformance tests pass (test_serve.py, test_conformance.py).
+RLOOP_IN_PROCESS = pytest.mark.xfail(
+    run=False, reason="rloop 0.5.0 in the test process: its closed loop keeps fds (epoll, eventfd, the "
+                      "listening socket, aborted connections) and a later socket's fd is closed under it")
+IN_PROCESS = [pytest.param(impl, marks=RLOOP_IN_PROCESS) if impl.startswith("rloop_") else impl
+              for impl in IN_PROCESS]
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -1,4 +1,5 @@
-"""Machine facts saved with every result: CPU, kernel, limits, library versions.
+"""Machine facts saved with every result: CPU, kernel, limits, the versions of the event loops,
+libraries and peer toolchains (go, node), "not installed" for those that are not.
 
 Each ``collect_*`` function degrades quietly (returns None) when a /proc file or a package is
 missing: facts are context, never a reason to fail a run.  What is measured around each round
@@ -8,13 +9,23 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import resource
+import shutil
+import subprocess
 import sys
 from typing import Any, Dict, Optional
 
-#: Packages whose versions matter to the numbers (distribution names).
-LIBRARIES = ("pytest", "pytest-benchmark", "uvloop", "gevent", "greenlet", "tornado", "twisted",
-             "trio", "anyio", "curio", "pyzmq", "aiozmq")
+from . import metrics
+
+#: Packages whose versions matter to the numbers (distribution names): the event loops and
+#: concurrency libraries, each listed whether installed or not (NOT_INSTALLED).
+LIBRARIES = ("pytest", "pytest-benchmark", "uvloop", "rloop", "uringcore", "gevent", "greenlet",
+             "tornado", "twisted", "trio", "anyio", "curio", "pyzmq", "aiozmq")
+#: Programs the peer servers run (go_net, node_net) and how each tells its version.
+TOOLS = {"go": ("version",), "node": ("--version",)}
+NOT_INSTALLED = metrics.NOT_INSTALLED
+TOOL_TIMEOUT = 10.0  # s, for `go version` / `node --version`
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -36,17 +47,68 @@ def collect_cpu_model() -> Optional[str]:
 
 
 def collect_versions() -> Dict[str, str]:
-    try:
-        from importlib import metadata
-    except ImportError:  # pragma: no cover - Python < 3.8
-        return {}
+    """Each of LIBRARIES: its version, or NOT_INSTALLED; after uvloop, the libuv it was built
+    with (when uvloop imports and tells it)."""
+    from importlib import metadata
+
     out = {}
     for name in LIBRARIES:
         try:
             out[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
-            continue
+            out[name] = NOT_INSTALLED
+        if name == "uvloop":
+            libuv = collect_libuv_version() if out[name] != NOT_INSTALLED else NOT_INSTALLED
+            if libuv is not None:
+                out["libuv"] = libuv
     return out
+
+
+def collect_libuv_version() -> Optional[str]:
+    """libuv's version inside uvloop ('1.48.0'), or None when uvloop does not import or does
+    not expose it (uvloop.loop.libuv_get_version, an integer 0xMMmmpp)."""
+    try:
+        from uvloop import loop as uvloop_loop
+
+        number = int(uvloop_loop.libuv_get_version())
+    except Exception:
+        return None
+    return "%d.%d.%d" % (number >> 16, (number >> 8) & 0xFF, number & 0xFF)
+
+
+def collect_tool_versions() -> Dict[str, str]:
+    """``go`` and ``node``: the version of the one on PATH ('1.26.8', '20.20.2'), NOT_INSTALLED
+    when there is none; left out when it does not answer (in TOOL_TIMEOUT) with a version."""
+    out = {}
+    for tool, args in TOOLS.items():
+        path = shutil.which(tool)
+        if path is None:
+            out[tool] = NOT_INSTALLED
+            continue
+        version = _tool_version(path, args)
+        if version is not None:
+            out[tool] = version
+    return out
+
+
+def _tool_version(path: str, args: tuple) -> Optional[str]:
+    # GOTOOLCHAIN=local: go must not fetch another toolchain that a go.mod around asks for.
+    env = dict(os.environ, GOTOOLCHAIN="local")
+    try:
+        done = subprocess.run([path, *args], capture_output=True, text=True, timeout=TOOL_TIMEOUT,
+                              env=env, cwd="/", stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    found = re.search(r"\b(?:go|v)?(\d+\.\d+(?:\.\d+)?\S*)", done.stdout) if done.returncode == 0 else None
+    return found.group(1) if found else None
+
+
+def libraries_line() -> str:
+    """'uvloop 0.21.0, libuv 1.48.0, rloop 0.5.0, ... (not installed: curio)': the loops,
+    libraries and tools of this machine as the pytest header shows them (pytest and
+    pytest-benchmark print their own)."""
+    return metrics.libraries_text({**collect_versions(), **collect_tool_versions()},
+                                  leave_out=("pytest", "pytest-benchmark"))
 
 
 def collect_fd_limit() -> Dict[str, int]:
@@ -87,5 +149,5 @@ def machine_facts() -> Dict[str, Any]:
         "somaxconn": collect_sysctl("net.core.somaxconn"),
         "ip_local_port_range": collect_sysctl("net.ipv4.ip_local_port_range"),
         "pyconcbench": __version__,
-        "libraries": collect_versions(),
+        "libraries": {**collect_versions(), **collect_tool_versions()},
     }

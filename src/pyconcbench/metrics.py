@@ -472,6 +472,21 @@ def md_code(text: Any, in_table: bool = True) -> str:
     return "`" + (text.replace("|", "\\|") if in_table else text) + "`"
 
 
+#: The version the machine facts record for a library or tool that is not there.
+NOT_INSTALLED = "not installed"
+
+
+def libraries_text(libs: Dict[str, Any], leave_out: Tuple[str, ...] = ()) -> str:
+    """'uvloop 0.21.0, rloop 0.5.0 (not installed: curio)': the saved ``libraries`` facts in
+    their order, those recorded as NOT_INSTALLED named last."""
+    libs = {k: v for k, v in libs.items() if k not in leave_out}
+    have = ", ".join(f"{k} {v}" for k, v in libs.items() if v != NOT_INSTALLED)
+    missing = ", ".join(k for k, v in libs.items() if v == NOT_INSTALLED)
+    if not missing:
+        return have or "none recorded"
+    return f"{have} (not installed: {missing})" if have else f"none installed (not installed: {missing})"
+
+
 def python_label(version: str, build: Any = None, gil: Any = None) -> str:
     """'3.13.15' for the default build, '3.13.15t (no GIL)' / '3.13.15t (GIL on)' for a
     free-threaded one: how tables name a Python."""

@@ -97,6 +97,7 @@ def pytest_report_header(config: pytest.Config) -> List[str]:
         return []
     rounds_ = settings.rounds or "the profile's"
     lines = [f"pyconcbench: profile {settings.profile}, {rounds_} rounds, {settings.pinning_note}"]
+    lines.append("pyconcbench: loops and libraries: " + machine.libraries_line())
     if settings.strict:
         lines.append(f"pyconcbench: strict ({fixtures.strict_reason(settings)}): an implementation that cannot "
                      "run here fails instead of skipping")

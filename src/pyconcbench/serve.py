@@ -21,6 +21,9 @@ An implementation whose work runs in another process (an external peer: ``go_net
 ``"worker_pid"`` (the process the harness measures); ``usage() -> dict`` is called after
 ``serve`` returns, and its ``user``, ``system`` and ``maxrss_kib`` replace this process's own
 in the usage report.  See ``pyconcbench.servers.peers``.
+An implementation that cannot serve one transport with the release installed (rloop's
+UNIX sockets) defines ``check_transport("tcp" | "unix")``, which raises MissingDependency (exit
+3, a skip) before anything is bound.
 
 READY also reads back the state of glibc's allocator at start-up (``malloc_probe``, see
 ``allocator_probe``): whether a block the size of an asyncio receive buffer gets an ``mmap`` of
@@ -280,7 +283,7 @@ class StopPipe:
 
 
 def implementation_hook(serve, name: str):
-    """The optional hook ``name`` (``start``, ``usage``) defined in the module of an
+    """The optional hook ``name`` (``check_transport``, ``start``, ``usage``) defined in the module of an
     implementation's ``serve`` function, or None."""
     module = sys.modules.get(getattr(serve, "__module__", None) or "")
     return getattr(module, name, None)
@@ -347,6 +350,9 @@ def _main(args, tmpdir: "str | None") -> int:
         servers.BACKLOG = args.backlog  # before the module imports it, for frameworks that re-listen
         check_slowdown(args.impl)
         serve = servers.load(args.impl)
+        check_transport = implementation_hook(serve, "check_transport")
+        if check_transport is not None:  # before binding: a refused transport leaves nothing behind
+            check_transport("unix" if args.unix is not None else "tcp")
         sock = listen(args)
     except servers.MissingDependency as exc:
         print("%s: %s" % (PROG, exc), file=sys.stderr)

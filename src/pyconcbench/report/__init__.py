@@ -512,7 +512,7 @@ def header_lines(runs: Sequence[Run]) -> List[str]:
         out.append(f"  - Python {run.python_label} ({m.get('python_compiler', '?')}); profile "
                    f"{settings.get('profile', '?')}; pinning: {settings.get('pinning') or 'not recorded'}")
         if libs:
-            out.append("  - libraries: " + ", ".join(f"{k} {v}" for k, v in sorted(libs.items())))
+            out.append("  - libraries: " + metrics.libraries_text(libs))
     return out
 
 

@@ -89,7 +89,7 @@ def environments(infos: Sequence[Dict[str, Any]]) -> List[str]:
             libs = env.get("libraries") or {}
             text = (f"{side.upper()}: {env.get('given', '?')} = {env.get('executable') or env.get('python', '?')} "
                     f"(Python {metrics.python_label(env.get('python', '?'), env.get('python_build'), env.get('gil_enabled'))}, pyconcbench {env.get('pyconcbench', '?')}"
-                    + "".join(f", {k} {v}" for k, v in sorted(libs.items()) if k in ("uvloop", "gevent", "greenlet",
+                    + "".join(f", {k} {v}" for k, v in sorted(libs.items()) if k in ("uvloop", "rloop", "gevent", "greenlet",
                                                                                       "tornado", "trio", "anyio",
                                                                                       "pyzmq", "aiozmq"))
                     + ")" + "".join(f" {k}={v}" for k, v in sorted((env.get("env") or {}).items())))
