@@ -6,6 +6,7 @@ import asyncio
 import importlib
 import importlib.util
 import json
+import pathlib
 import subprocess
 import sys
 import types
@@ -14,6 +15,7 @@ from importlib import metadata
 import pytest
 
 import runfactory as rf
+from pyconcbench import suite as pcb_suite
 from pyconcbench import machine, metrics, servers
 from pyconcbench.report import header_lines, results
 
@@ -91,10 +93,10 @@ def fake_rloop(monkeypatch):
 
 
 @pytest.mark.parametrize("impl", ["rloop_protocol", "rloop_streams"])
-def test_a_loop_without_unix_servers_refuses_unix_as_missing_and_tcp_is_served(impl, fake_rloop):
+def test_a_loop_without_unix_servers_refuses_unix_as_unsupported_and_tcp_is_served(impl, fake_rloop):
     mods, fake = fake_rloop
     fake.new_event_loop = _LoopWithoutUnixServers
-    with pytest.raises(servers.MissingDependency) as info:
+    with pytest.raises(servers.Unsupported) as info:
         mods[impl].check_transport("unix")
     assert str(info.value) == (f"implementation {impl!r} cannot serve a UNIX socket with rloop 9.9 "
                                "(its loop.create_unix_server raises NotImplementedError): measure it over TCP")
@@ -109,8 +111,8 @@ def test_a_loop_with_unix_servers_is_not_refused(impl, fake_rloop):
 
 
 def test_serve_over_unix_follows_what_the_installed_rloop_can_do(tmp_path):
-    """With the real rloop: refused before binding (exit 3, one line) when its loop has no UNIX
-    servers, served otherwise; without rloop, missing."""
+    """With the real rloop: refused before binding (exit 6, unsupported: one line) when its loop
+    has no UNIX servers, served otherwise; without rloop, missing (exit 3)."""
     path = tmp_path / "echo.sock"
     proc = subprocess.Popen([sys.executable, "-m", "pyconcbench.serve", "rloop_protocol", "--unix", str(path)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -129,7 +131,7 @@ def test_serve_over_unix_follows_what_the_installed_rloop_can_do(tmp_path):
     if first.startswith("READY "):
         assert proc.returncode == 0
         return
-    assert proc.returncode == 3
+    assert proc.returncode == (3 if importlib.util.find_spec("rloop") is None else 6)
     assert not path.exists()
     assert len(err.splitlines()) == 1, err
     if importlib.util.find_spec("rloop") is None:
@@ -310,3 +312,19 @@ def test_the_report_header_shows_every_library_and_the_missing_ones():
 def test_an_older_run_without_missing_entries_still_lists_its_libraries():
     data = rf.run([rf.echo("asyncio_protocol", 100, [40000.0] * 3)], libraries={"uvloop": "0.19.0"})
     assert "  - libraries: uvloop 0.19.0" in header_lines([results.Run("old.json", data)])
+
+
+def test_an_unsupported_transport_is_a_skip_even_in_a_strict_run(pytester):
+    """rloop_protocol over UNIX: nothing is missing (the release cannot), so the strict run that
+    fails a missing package's skip skips it, saying why."""
+    pytester.makepyfile(test_echo=(pathlib.Path(pcb_suite.SUITE_DIR) / "test_echo.py").read_text())
+    result = pytester.runpytest_subprocess("--pcb-impl", "rloop_protocol", "--pcb-conns", "10", "--pcb-transport",
+                                           "unix", "--pcb-strict", "yes", "--benchmark-disable", "-rs",
+                                           "-p", "no:cacheprovider")
+    if importlib.util.find_spec("rloop") is None:
+        pytest.skip("rloop not installed: the strict run fails its missing package, as it should")
+    if result.parseoutcomes().get("passed"):  # a release that serves UNIX sockets (not asked here:
+        result.assert_outcomes(passed=1)        # an rloop loop in this process leaves fds behind)
+        return
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["*implementation 'rloop_protocol' cannot serve a UNIX socket with rloop *"])

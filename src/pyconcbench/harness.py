@@ -64,6 +64,11 @@ class ServerUnavailable(ServerError):
     or a release that does not run on this Python (serve's exit code 3).  The only skip."""
 
 
+class ServerUnsupported(ServerUnavailable):
+    """The implementation, as installed, does not do what the case asks (serve's exit code 6:
+    a transport its release cannot serve).  A skip even in a strict run: nothing is missing."""
+
+
 class ServerBroken(ServerError):
     """The project's own code for the implementation does not import or build (serve's exit
     code 4, or the Go peer's build in ``prepare``): a bug, never a skip.  One line."""
@@ -363,6 +368,8 @@ class ServerProcess:
         code = self._exit_code_before_ready()
         lines = self.stderr_text().strip().splitlines()
         line = lines[-1] if lines else "(stderr empty)"
+        if code == procs.EXIT_UNSUPPORTED:
+            raise ServerUnsupported(line)
         if code == procs.EXIT_MISSING:
             raise ServerUnavailable(line)
         if code == procs.EXIT_BROKEN:

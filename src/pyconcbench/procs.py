@@ -42,9 +42,10 @@ EXIT_UNUSABLE = 2    #: cannot run as asked (bad arguments, a CPU it may not use
 EXIT_MISSING = 3     #: not available here (a package or tool missing): the only skip
 EXIT_BROKEN = 4      #: our own code does not import or build: a failure
 EXIT_FAULT = 5       #: stopped by a fault injected on purpose (the ZeroMQ server's --fault, in tests)
+EXIT_UNSUPPORTED = 6  #: the implementation, as installed, does not do what was asked (a transport): a skip, strict or not
 MEANINGS = {EXIT_OK: "ok", EXIT_FAILED: "failed", EXIT_UNUSABLE: "cannot run as asked",
             EXIT_MISSING: "not available here", EXIT_BROKEN: "our own code is broken",
-            EXIT_FAULT: "stopped by an injected fault"}
+            EXIT_FAULT: "stopped by an injected fault", EXIT_UNSUPPORTED: "not supported by the implementation"}
 
 #: The environment variable a child reads to check its parent is still the one that started it.
 PARENT_ENV = "PCB_PARENT_PID"

@@ -22,8 +22,8 @@ An implementation whose work runs in another process (an external peer: ``go_net
 ``serve`` returns, and its ``user``, ``system`` and ``maxrss_kib`` replace this process's own
 in the usage report.  See ``pyconcbench.servers.peers``.
 An implementation that cannot serve one transport with the release installed (rloop's
-UNIX sockets) defines ``check_transport("tcp" | "unix")``, which raises MissingDependency (exit
-3, a skip) before anything is bound.
+UNIX sockets) defines ``check_transport("tcp" | "unix")``, which raises servers.Unsupported (exit
+6, a skip even in a strict run) before anything is bound.
 
 READY also reads back the state of glibc's allocator at start-up (``malloc_probe``, see
 ``allocator_probe``): whether a block the size of an asyncio receive buffer gets an ``mmap`` of
@@ -44,7 +44,7 @@ import stat
 import sys
 
 from pyconcbench import loopback, servers
-from pyconcbench.procs import (EXIT_BROKEN, EXIT_FAILED, EXIT_MISSING, EXIT_UNUSABLE, TMPDIR_ENV, arm_parent_death,
+from pyconcbench.procs import (EXIT_BROKEN, EXIT_FAILED, EXIT_MISSING, EXIT_UNSUPPORTED, EXIT_UNUSABLE, TMPDIR_ENV, arm_parent_death,
                                start_guard)
 
 PROG = "pyconcbench.serve"
@@ -357,6 +357,9 @@ def _main(args, tmpdir: "str | None") -> int:
     except servers.MissingDependency as exc:
         print("%s: %s" % (PROG, exc), file=sys.stderr)
         return EXIT_MISSING
+    except servers.Unsupported as exc:
+        print("%s: %s" % (PROG, exc), file=sys.stderr)
+        return EXIT_UNSUPPORTED
     except servers.Broken as exc:
         print("%s: %s" % (PROG, exc), file=sys.stderr)
         return EXIT_BROKEN

@@ -242,6 +242,13 @@ def _load_user(impl: str, where: str, func: str) -> ServeFunc:
     return serve
 
 
+class Unsupported(Exception):
+    """The implementation, as installed, does not do what the case asks (rloop 0.5's loop
+    serves no UNIX socket).  Nothing missing here would change that, so it is a skip even in a
+    strict run (which fails skips so that a CI job cannot pass by missing packages); the message
+    names the release."""
+
+
 class MissingDependency(ImportError):
     """The implementation cannot run here: a tool not on PATH, a package not installed, or a
     release that does not run on this Python.  The only skip reason; the message says what to

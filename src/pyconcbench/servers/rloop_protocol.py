@@ -81,10 +81,10 @@ def serves_unix_sockets() -> bool:
 
 
 def unix_refusal(impl: str, transport: str) -> None:
-    """Raises MissingDependency when ``transport`` is "unix" and this rloop does not serve
-    UNIX sockets."""
+    """Raises Unsupported when ``transport`` is "unix" and this rloop does not serve UNIX
+    sockets (a skip, strict run or not: nothing is missing)."""
     if transport == "unix" and not serves_unix_sockets():
-        raise servers.MissingDependency(
+        raise servers.Unsupported(
             "implementation %r cannot serve a UNIX socket with %s (its loop.create_unix_server "
             "raises NotImplementedError): measure it over TCP" % (impl, servers._release("rloop")))
 
