@@ -67,7 +67,11 @@ def test_time_left_scales_the_estimates_by_how_the_finished_ones_went():
     p.finished = []
     assert p.time_left() is None
     p.finished = ["a"]
-    assert p.time_left() == pytest.approx((2 + 3) * 2.0)  # the first took twice its estimate
+    # the first took twice its estimate: the scale moves towards 2 as more seconds have run
+    prior = progress.PRIOR_SECONDS
+    assert p.time_left() == pytest.approx((2 + 3) * (2.0 + prior) / (1.0 + prior))
+    p.estimate, p.seconds, p.finished = {"a": 100.0, "b": 50.0}, {"a": 200.0}, ["a"]
+    assert p.time_left() == pytest.approx(50 * (200 + prior) / (100 + prior))
 
 
 def test_clock_and_saved_seconds(tmp_path):

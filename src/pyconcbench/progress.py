@@ -25,6 +25,8 @@ from . import metrics
 #: Rough seconds per benchmark when no saved run has it (the quick profile on a 2-vCPU VM:
 #: echo 188 s for 104 cases, switch 60 s for 84, ZeroMQ 52 s for 43, the ceiling 12 s for 2).
 DEFAULT_SECONDS = {"echo": 1.6, "switch": 0.7, "zmq": 1.2, "ceiling": 6.0}
+#: How many seconds of estimates the scale of the time left leans on before the measured ones.
+PRIOR_SECONDS = 30.0
 #: Saved runs read for the estimate (the newest first): enough to find the last full run.
 RUNS_READ = 5
 
@@ -209,7 +211,9 @@ class Progress:
         left = sum(s for n, s in self.estimate.items() if n not in self.finished)
         if guessed <= 0 or took <= 0:
             return None
-        return left * took / guessed
+        # the first benchmarks alone would swing it (one fast case halved the estimate): the
+        # scale leans on the estimates until PRIOR_SECONDS of benchmarks have run
+        return left * (took + PRIOR_SECONDS) / (guessed + PRIOR_SECONDS)
 
     def _line(self, nodeid: str, report: pytest.TestReport) -> None:
         if self.reporter is None:
