@@ -130,3 +130,31 @@ def test_a_real_run_traces_one_extra_round_and_saves_what_it_found(echo_suite):
     # native_epoll: one read and one write per round trip, whatever the tool
     assert ex["per_msg"]["total"] == pytest.approx(2.0, abs=0.3)
     assert len(info["rounds"]) == 2  # the traced round is not a measured one
+
+
+def test_a_traced_round_that_fails_leaves_the_measured_rounds_standing(monkeypatch):
+    from pyconcbench import loadgen
+
+    class Counter:
+        def __init__(self, pid, tool, names):
+            pass
+
+        def start(self):
+            return self
+
+        def stop(self):
+            return {"total": 10}
+
+    class Session:
+        def round(self, messages=None, duration=None):
+            raise loadgen.LoadError("stall", "no round trip completed for 10.0 s")
+
+    runner = echo.EchoRunner.__new__(echo.EchoRunner)
+    runner.spec = loadgen.LoadSpec(port=1, messages=20000)
+    runner.server = type("S", (), {"measured_pid": 1})()
+    monkeypatch.setattr(echo, "syscall_tool", lambda: "perf")
+    monkeypatch.setattr(syscalls, "SyscallCounter", Counter)
+    counts, done, why = runner.traced_round(Session(), syscalls.EXPLAIN)
+    assert counts is None and done == 0
+    assert why == "not counted: the traced round failed (load stall: no round trip completed for 10.0 s)"
+    assert explain.unavailable(why, "x")["note"] == why

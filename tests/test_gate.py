@@ -271,3 +271,13 @@ def test_noisy_rounds_are_left_out_and_too_few_clean_ones_are_not_judged():
     new["extra_info"]["rounds"][0]["noisy"] = None
     (ch,) = gate.check_bench(base, new, gate.parse_fail_on("msgs_per_s:-10%"))
     assert ch.status == "regression" and ch.n_new == 3
+
+
+def test_memory_per_connection_near_zero_is_not_judged():
+    """At 10 connections one 4 KiB page is 0.4 KiB per connection, and a server that gave memory
+    back is below 0 (the ratio would flip its sign): below 1 KiB the gate does not judge."""
+    rules = gate.parse_fail_on("rss_per_conn_kib:+20%")
+    for low in ([0.4] * 5, [-0.4] * 5):
+        (ch,) = gate.check_bench(_memory(low), _memory([2.0] * 5), rules)
+        assert ch.status == "no baseline" and not ch.failed
+        assert "is below 1.00 KiB, where a relative change means nothing: not judged" in ch.note

@@ -67,10 +67,12 @@ def test_time_left_scales_the_estimates_by_how_the_finished_ones_went():
     p.finished = []
     assert p.time_left() is None
     p.finished = ["a"]
+    p.info = {"a": {}}
     # the first took twice its estimate: the scale moves towards 2 as more seconds have run
     prior = progress.PRIOR_SECONDS
     assert p.time_left() == pytest.approx((2 + 3) * (2.0 + prior) / (1.0 + prior))
     p.estimate, p.seconds, p.finished = {"a": 100.0, "b": 50.0}, {"a": 200.0}, ["a"]
+    p.info = {"a": {}}
     assert p.time_left() == pytest.approx(50 * (200 + prior) / (100 + prior))
 
 
@@ -85,3 +87,12 @@ def test_clock_and_saved_seconds(tmp_path):
     (tmp_path / "m" / "0002.json").write_text("{not json")
     assert progress.saved_seconds(f"file://{tmp_path}") == {"test_echo.py::test_echo[x]": 2.5}
     assert progress.saved_seconds(str(tmp_path / "none")) == {}
+
+
+def test_skips_do_not_scale_the_time_left_down():
+    p = progress.Progress.__new__(progress.Progress)
+    p.estimate = {"a": 10.0, "s1": 10.0, "s2": 10.0, "b": 10.0}
+    p.seconds = {"a": 10.0, "s1": 0.01, "s2": 0.01}
+    p.finished = ["a", "s1", "s2"]
+    p.info = {"a": {}}  # the skips never reached their call
+    assert p.time_left() == pytest.approx(10.0)

@@ -202,3 +202,42 @@ def test_check_takes_any_program_by_its_command_line(capsys):
     assert cli.main(["check", gone, "--only", "echo"]) == 1
     out = capsys.readouterr().out.splitlines()
     assert len(out) == 2 and "exited with code 3 before listening on 127.0.0.1:" in out[0]
+
+
+def test_what_a_users_module_prints_on_import_does_not_break_the_protocol(tmp_path, monkeypatch):
+    """stdout is the protocol's until READY: a module that prints (or names a helper `usage` or
+    `start`, which are hooks only in pyconcbench's own modules) still serves."""
+    code = EXAMPLE.read_text()
+    (tmp_path / "chatty.py").write_text('print("loading my server")\nusage = "python chatty.py PORT"\n'
+                                        'def start(host, port):\n    raise AssertionError("not a hook")\n' + code)
+    monkeypatch.chdir(tmp_path)
+    with harness.ServerProcess("chatty.py:serve", cpu=None) as server:
+        assert _serve_once(server) == b"x" * 100
+        usage = server.stop()
+    assert usage.accepted == 1
+    assert "loading my server" in server.stderr_text()
+
+
+def test_a_package_that_raises_on_import_is_one_line(tmp_path, monkeypatch):
+    (tmp_path / "brokenpkg_pcb").mkdir()
+    (tmp_path / "brokenpkg_pcb" / "__init__.py").write_text("raise RuntimeError('package boom')\n")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(harness.ServerError) as err:
+        harness.ServerProcess("brokenpkg_pcb.mod:serve", cpu=None).start()
+    assert "\n" not in str(err.value)
+    assert str(err.value).endswith("importing brokenpkg_pcb.mod raised RuntimeError: package boom "
+                                   f"({tmp_path / 'brokenpkg_pcb' / '__init__.py'}:1)")
+
+
+def test_check_refuses_a_missing_file_as_usage_without_running_anything(capsys):
+    assert cli.main(["check", "missing_pcb_file.py:serve"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "no such file" in err[0]
+
+
+def test_run_reads_option_names_exactly(tmp_path):
+    (tmp_path / ".benchmarks" / "m").mkdir(parents=True)
+    (tmp_path / ".benchmarks" / "m" / "0001.json").write_text("{}")
+    args = cli.suite_args(["--benchmark-disable-gc", "--benchmark-compare-fail=mean:10%"], cwd=str(tmp_path))
+    assert "--benchmark-autosave" in args and "--benchmark-compare" in args
+    assert "--benchmark-autosave" not in cli.suite_args(["--benchmark-save=x"], cwd=str(tmp_path))

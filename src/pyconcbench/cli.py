@@ -208,16 +208,15 @@ def suite_args(argv: Sequence[str], cwd: Optional[str] = None) -> list:
         else:
             out.append(arg)
         i += 1
-    given = " ".join(out)
+    given = {a.split("=", 1)[0] for a in out if a.startswith("--")}
     head = [suite.path(f) for f in families]
     # the run's cache and results belong to the folder it is run from, not to the installed package
     head += ["-o", f"cache_dir={os.path.join(cwd, '.pytest_cache')}"]
-    if save and "--benchmark-autosave" not in given and "--benchmark-save" not in given \
-            and "--benchmark-disable" not in given:
+    if save and not given & {"--benchmark-autosave", "--benchmark-save", "--benchmark-disable"}:
         head.append("--benchmark-autosave")
     storage = os.path.join(cwd, ".benchmarks")
-    if "--benchmark-compare" not in given and "--benchmark-storage" not in given \
-            and "--benchmark-disable" not in given and any(Path(storage).glob("*/*.json")):
+    if not given & {"--benchmark-compare", "--benchmark-storage", "--benchmark-disable"} \
+            and any(Path(storage).glob("*/*.json")):
         head.append("--benchmark-compare")
     return head + out
 
@@ -461,7 +460,9 @@ def _server_for(spec: str, transport: str):
 
     if any(p in spec for p in harness.COMMAND_PLACEHOLDERS):  # any program: a command line
         return harness.CommandServer(spec, transport=transport, cpu=None, stop_timeout=conformance.STOP_TIMEOUT)
-    if spec not in servers.IMPLS and ":" not in spec:
+    if ":" in spec:
+        servers.check_user_spec(spec)  # its form and file; its code runs in the server process only
+    elif spec not in servers.IMPLS and servers.user_spec(spec) is None:
         servers.load(spec)  # raises UnknownImpl, with the known ids, before importing anything
     return harness.ServerProcess(spec, transport=transport, cpu=None, stop_timeout=conformance.STOP_TIMEOUT)
 

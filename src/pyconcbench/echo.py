@@ -107,10 +107,11 @@ def echo_cases(settings: Settings) -> List[EchoCase]:
     # it (where every implementation is compared), else at its first representative case.
     chosen: Dict[str, int] = {}
     for i, case in enumerate(out):
-        if case.plain or case.malloc != harness.MALLOC_DEFAULT:
+        if case.plain:
             continue
         before = chosen.get(case.impl)
-        if before is None or (case.scale == "c100-64B" and out[before].scale != "c100-64B"):
+        rank = (case.malloc == harness.MALLOC_DEFAULT, case.scale == "c100-64B")  # representative first
+        if before is None or rank > (out[before].malloc == harness.MALLOC_DEFAULT, out[before].scale == "c100-64B"):
             chosen[case.impl] = i
     for i in chosen.values():
         out[i] = dataclasses.replace(out[i], explain=True)
@@ -267,11 +268,15 @@ class EchoRunner:
                 result = session.round(messages=min(self.spec.messages, TRACED_MESSAGES))
             else:
                 result = session.round(duration=min(self.spec.duration, 1.0))
+        except loadgen.LoadError as exc:  # untimed and diagnostic: the measured rounds stand
+            result, failed = None, f"not counted: the traced round failed ({exc})"
         finally:
             try:
                 counts = counter.stop()
             except syscalls.SyscallCountError as exc:
                 counts, why = None, f"not counted: {exc}"
+        if result is None:
+            return None, 0, failed
         if counts is None:
             return None, 0, why
         return counts, result.completed, tool

@@ -316,6 +316,11 @@ def compare_one(base: Bases, new: Dict[str, Any], metric_name: str,
         ch.status = "no baseline"
         ch.note = "the baseline's value is 0"
         return ch
+    if ch.base < metric.floor:
+        ch.status = "no baseline"
+        ch.note = (f"the baseline's value {fmt_value(ch.base, metric)} is below {fmt_value(metric.floor, metric)}, "
+                   "where a relative change means nothing: not judged")
+        return ch
     ch.change = ch.new / ch.base - 1.0
     worse = -ch.change if metric.higher_is_better else ch.change  # > 0: worse
     testable = ch.n_base >= 1 and ch.n_new >= 1 and stats.min_p_value(ch.n_base, ch.n_new) <= alpha

@@ -88,6 +88,9 @@ class Metric:
     sources: Tuple[Tuple[str, str, str], ...]
     what: str
     families: Tuple[str, ...] = FAMILIES
+    #: a baseline below this is not judged: a relative change of it means nothing (memory per
+    #: connection near 0 is page granularity, and below 0 the ratio flips its sign)
+    floor: float = 0.0
 
     @property
     def better(self) -> str:
@@ -111,7 +114,7 @@ METRICS: Dict[str, Metric] = {m.name: m for m in (
            "the echo server's CPU per round trip", (ECHO,)),
     Metric("rss_per_conn_kib", False, "KiB", (("rss_per_conn_kib", "rounds", "rss_per_conn_kib"),),
            "the echo server's resident memory per open connection (its RSS after each round less its "
-           "RSS before the load generator connected, over the connections)", (ECHO,)),
+           "RSS before the load generator connected, over the connections)", (ECHO,), floor=1.0),
     Metric("cpu_us_per_req", False, "us", (("cpu_us_per_req", "rounds", "cpu_us_per_req"),),
            "the ZeroMQ client's CPU per request", (ZMQ,)),
     Metric("ns_per_op", False, "ns", (("ns_per_op", "samples", "ns_per_op"),),

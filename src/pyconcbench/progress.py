@@ -206,8 +206,10 @@ class Progress:
     def time_left(self) -> Optional[float]:
         """Seconds left: the remaining benchmarks' estimates, scaled by how the finished ones
         compared with theirs."""
-        took = sum(self.seconds.get(n, 0.0) for n in self.finished)
-        guessed = sum(self.estimate[n] for n in self.finished)
+        # only what ran: a skip or a setup error takes no time, and would scale the rest down
+        ran = [n for n in self.finished if n in self.info]
+        took = sum(self.seconds.get(n, 0.0) for n in ran)
+        guessed = sum(self.estimate[n] for n in ran)
         left = sum(s for n, s in self.estimate.items() if n not in self.finished)
         if guessed <= 0 or took <= 0:
             return None

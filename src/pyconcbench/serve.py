@@ -32,6 +32,7 @@ its own.  Which state a benchmark measures is the harness's choice (``pyconcbenc
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import json
 import os
@@ -285,8 +286,10 @@ class StopPipe:
 def implementation_hook(serve, name: str):
     """The optional hook ``name`` (``check_transport``, ``start``, ``usage``) defined in the module of an
     implementation's ``serve`` function, or None."""
-    module = sys.modules.get(getattr(serve, "__module__", None) or "")
-    return getattr(module, name, None)
+    name_ = getattr(serve, "__module__", None) or ""
+    if not name_.startswith("pyconcbench.servers."):
+        return None  # a user's module: its `start` or `usage` is its own business, not a hook
+    return getattr(sys.modules.get(name_), name, None)
 
 
 def _emit(channel, line: str) -> bool:
@@ -349,10 +352,12 @@ def _main(args, tmpdir: "str | None") -> int:
             pin(args.cpu)
         servers.BACKLOG = args.backlog  # before the module imports it, for frameworks that re-listen
         check_slowdown(args.impl)
-        serve = servers.load(args.impl)
-        check_transport = implementation_hook(serve, "check_transport")
-        if check_transport is not None:  # before binding: a refused transport leaves nothing behind
-            check_transport("unix" if args.unix is not None else "tcp")
+        # what a module prints on import goes to stderr: stdout is the protocol's until READY
+        with contextlib.redirect_stdout(sys.stderr):
+            serve = servers.load(args.impl)
+            check_transport = implementation_hook(serve, "check_transport")
+            if check_transport is not None:  # before binding: a refused transport leaves nothing behind
+                check_transport("unix" if args.unix is not None else "tcp")
         sock = listen(args)
     except servers.MissingDependency as exc:
         print("%s: %s" % (PROG, exc), file=sys.stderr)

@@ -58,7 +58,7 @@ def comparison_notes(row: Dict[str, Any], group: List[Dict[str, Any]]) -> List[s
         calls = [f"{name} {per[name]:.2f}" for name in ("mmap", "munmap", "mremap", "brk") if per.get(name)]
         notes.append("allocator calls per round trip: " + (", ".join(calls) if calls else "none"))
     elif "alloc_syscalls_per_msg" in row:
-        notes.append("allocator calls not counted (no perf or strace)")
+        notes.append("allocator calls " + str(row.get("alloc_syscalls_note") or "not counted (no perf or strace)"))
     return notes
 
 

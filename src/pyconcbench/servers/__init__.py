@@ -212,9 +212,11 @@ def _load_user(impl: str, where: str, func: str) -> ServeFunc:
             return module
     else:
         try:
-            found = importlib.util.find_spec(where)
+            found = importlib.util.find_spec(where)  # imports the parent packages
         except (ImportError, ValueError) as exc:
             found, why = None, describe(exc)
+        except BaseException as exc:  # a parent package of the user's raised on import
+            raise UserServerError("implementation %r: importing %s raised %s" % (impl, where, describe(exc))) from None
         else:
             why = ""
         if found is None:
