@@ -290,12 +290,17 @@ class ServerProcess:
             if self.malloc != "pristine":
                 self.preflight()
         except BaseException as exc:
-            self._child.close()
-            self._stopped = True
-            self._stop_error = exc if isinstance(exc, ServerError) else ServerError(
-                "server %r did not start: %r" % (self.impl, exc))
+            self._abort_start(exc)
             raise
         return self
+
+    def _abort_start(self, exc: BaseException) -> None:
+        """After a start that failed past the spawn: the child killed, and every later stop()
+        raises what went wrong."""
+        self._child.close()
+        self._stopped = True
+        self._stop_error = exc if isinstance(exc, ServerError) else ServerError(
+            "server %r did not start: %r" % (self.impl, exc))
 
     def _exec_cpu(self) -> Optional[int]:
         """The CPU to pin to before exec: none, serve pins itself (--cpu) and says why it cannot."""
@@ -741,10 +746,7 @@ class CommandServer(ServerProcess):
             if self.malloc != "pristine":
                 self._preflight()
         except BaseException as exc:
-            self._child.close()
-            self._stopped = True
-            self._stop_error = exc if isinstance(exc, ServerError) else ServerError(
-                "server %r did not start: %r" % (self.impl, exc))
+            self._abort_start(exc)
             raise
         return self
 
