@@ -87,6 +87,9 @@ def test_beside_the_implementations_given_and_named_after_its_program(suite, ech
     (["--pcb-server-name", "x"], "--pcb-server-name: names the --pcb-server-cmd server, and none is given"),
     (["--pcb-connect-rate", "0"], "--pcb-connect-rate: '0' is outside 0.1 .. 1e+07 connections per second"),
     (["--pcb-connect-rate", "fast"], "--pcb-connect-rate: 'fast' is not a rate*"),
+    (["--pcb-server-cmd", "my-server {port}", "--pcb-ab-a", sys.executable, "--pcb-ab-b", sys.executable],
+     "--pcb-server-cmd: an A/B run compares two environments' servers, and a --pcb-server-cmd program is the "
+     "same on both sides*"),
 ])
 def test_bad_server_commands_are_one_line_usage_errors(suite, args, message):
     result = suite.runpytest_subprocess("--collect-only", "-q", *args)

@@ -539,6 +539,10 @@ def resolve(raw: Callable[[str], Tuple[Optional[str], str]]) -> Settings:
         raise OptionError(f"{sources['server-name']}: names the --pcb-server-cmd server, and none is given")
     ab_envs = None
     if values["ab-a"] is not None or values["ab-b"] is not None:
+        if values["server-cmd"] is not None:
+            raise OptionError(f"{sources['server-cmd']}: an A/B run compares two environments' servers, and a "
+                              "--pcb-server-cmd program is the same on both sides: give it in neither, or compare "
+                              "two builds as two runs")
         ab_envs = _ab_environments(values, sources)
     cpus = values["cpus"]
     if cpus is None:
