@@ -41,8 +41,9 @@ def add_storage(p: argparse.ArgumentParser) -> None:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="pyconcbench",
-        description="Reports and the regression gate over pyconcbench's saved runs "
-                    "(pytest-benchmark JSON, in .benchmarks/ by default).")
+        description="The benchmark suite (run), the conformance suite against any echo server (check), and "
+                    "reports and the regression gate over saved runs (pytest-benchmark JSON, in .benchmarks/ "
+                    "by default).")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     sub.add_parser("run", help="run the benchmark suite (pytest) from any folder: pyconcbench run --help",
