@@ -127,8 +127,12 @@ def test_a_real_run_traces_one_extra_round_and_saves_what_it_found(echo_suite):
     info = json.loads((echo_suite.path / "out.json").read_text())["benchmarks"][0]["extra_info"]
     ex = info["explain"]
     assert ex["tool"] == syscalls.available_tool() and ex["round_trips"] == 4000  # fewer than TRACED_MESSAGES
-    # native_epoll: one read and one write per round trip, whatever the tool
-    assert ex["per_msg"]["total"] == pytest.approx(2.0, abs=0.3)
+    # native_epoll: one read and one write per round trip, whatever the tool; its epoll_wait calls
+    # per round trip depend on how fast it is against the load generator (0.01 .. 0.6 seen here)
+    per = ex["per_msg"]
+    assert per.get("recvfrom", 0) + per.get("read", 0) == pytest.approx(1.0, abs=0.05)
+    assert per.get("sendto", 0) + per.get("write", 0) == pytest.approx(1.0, abs=0.05)
+    assert 2.0 <= per["total"] <= 3.2
     assert len(info["rounds"]) == 2  # the traced round is not a measured one
 
 

@@ -79,7 +79,7 @@ def test_an_interleaved_ab_run_passes_a_against_itself_and_catches_a_slowed_b(ru
     same.assert_outcomes(passed=1)
     assert same.ret == 0
     same.stdout.fnmatch_lines(["*pyconcbench interleaved A/B (echo)*",
-                               "asyncio_protocol c10-64B *  6  *"])
+                               "asyncio_protocol c10-64B * 6*"])  # pairs: "6", or "6 (2 in spells)"
     slow = run(*AB, "--pcb-ab-b-env", f"{servers.SLOWDOWN_ENV}=50000", "--pcb-fail-on", "msgs_per_s:-25%",
                "--benchmark-json", "ab.json")
     slow.assert_outcomes(failed=1)
