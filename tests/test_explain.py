@@ -53,8 +53,9 @@ def test_thresholds_hold_below_them_and_big_messages_are_not_extra_reads():
     assert explain.findings({}) == []
 
 
-def test_record_divides_by_round_trips_and_unavailable_says_why():
-    rec = explain.record({"total": 2000, "recvfrom": 1000, "sendto": 1000, "other": 0}, 1000, "perf", "x-c100-64B")
+def test_record_keeps_the_counts_per_round_trip_and_unavailable_says_why():
+    counts = {"total": 2000, "recvfrom": 1000, "sendto": 1000, "other": 0}
+    rec = explain.record(syscalls.per_message(counts, 1000), 1000, "perf", "x-c100-64B")
     assert rec["per_msg"] == {"total": 2.0, "recvfrom": 1.0, "sendto": 1.0}
     assert rec["round_trips"] == 1000 and rec["tool"] == "perf" and rec["findings"][0]["key"] == "syscalls"
     gone = explain.unavailable("not counted: needs perf (linux-perf) or strace on PATH", "x")
@@ -88,7 +89,8 @@ def test_the_representative_row_carries_what_a_fresh_process_does():
 
 
 def _explained(impl, per, size=64):
-    return explain.record({k: int(v * 1000) for k, v in per.items()}, 1000, "perf", f"{impl}-c100-64B", size)
+    return explain.record(syscalls.per_message({k: int(v * 1000) for k, v in per.items()}, 1000), 1000, "perf",
+                          f"{impl}-c100-64B", size)
 
 
 def test_the_terminal_table_and_block_and_the_report_show_the_findings():

@@ -105,13 +105,12 @@ def echo_cases(settings: Settings) -> List[EchoCase]:
         return out
     # One traced round per implementation: at 100 connections x 64 B over TCP when the run has
     # it (where every implementation is compared), else at its first representative case.
+    def rank(case: EchoCase) -> Tuple[bool, bool]:  # representative first, then c100-64B
+        return case.malloc == harness.MALLOC_DEFAULT, case.scale == "c100-64B"
+
     chosen: Dict[str, int] = {}
     for i, case in enumerate(out):
-        if case.plain:
-            continue
-        before = chosen.get(case.impl)
-        rank = (case.malloc == harness.MALLOC_DEFAULT, case.scale == "c100-64B")  # representative first
-        if before is None or rank > (out[before].malloc == harness.MALLOC_DEFAULT, out[before].scale == "c100-64B"):
+        if not case.plain and (case.impl not in chosen or rank(case) > rank(out[chosen[case.impl]])):
             chosen[case.impl] = i
     for i in chosen.values():
         out[i] = dataclasses.replace(out[i], explain=True)
@@ -315,7 +314,8 @@ class EchoRunner:
             if self.case.explain and counts is None:
                 # one traced round of every named call: the explanation, and the allocator's share
                 traced, completed, tool = self.traced_round(session, syscalls.EXPLAIN)
-                explained = (explain.record(traced, completed, tool, self.case.id, self.case.size)
+                explained = (explain.record(syscalls.per_message(traced, completed), completed, tool,
+                                            self.case.id, self.case.size)
                              if traced is not None
                              else explain.unavailable(tool, self.case.id))
                 if self.case.count_alloc:
@@ -334,7 +334,8 @@ class EchoRunner:
             outcome.extra["syscalls_per_msg"] = syscalls.per_message(counts, messages)
             outcome.extra["syscalls_note"] = "counted with tracing on: rates are lower than without"
             if self.case.explain:  # the measured rounds were traced already: explained from them
-                explained = explain.record(counts, messages, counter.tool, self.case.id, self.case.size)
+                explained = explain.record(outcome.extra["syscalls_per_msg"], messages, counter.tool, self.case.id,
+                                           self.case.size)
                 explained["note"] = "the measured rounds, traced (--pcb-syscalls)"
         if explained is not None:
             outcome.extra["explain"] = explained

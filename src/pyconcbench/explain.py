@@ -97,12 +97,10 @@ def findings(per: Dict[str, Any], size: Optional[int] = None) -> List[Dict[str, 
     return out
 
 
-def record(counts: Dict[str, int], completed: int, tool: str, case_id: str,
+def record(per: Dict[str, float], completed: int, tool: str, case_id: str,
            size: Optional[int] = None) -> Dict[str, Any]:
-    """The saved ``explain`` record of one traced round: counts per round trip and findings."""
-    per: Dict[str, float] = {}
-    if completed > 0:
-        per = {k: round(v / completed, 3) for k, v in sorted(counts.items(), key=lambda kv: -kv[1]) if v}
+    """The saved ``explain`` record of one traced round: its counts per round trip
+    (``syscalls.per_message``) and findings."""
     return {"tool": tool, "round_trips": completed, "case": case_id, "per_msg": per, "findings": findings(per, size),
             "note": f"one extra, untimed round of {completed} round trips traced with {tool} after the "
                     "measured ones"}

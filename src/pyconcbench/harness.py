@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
-from pyconcbench import loopback, plain, procs, servers
+from pyconcbench import instruments, loopback, plain, procs, servers
 from pyconcbench.serve import Unusable, implementation_hook
 
 STDERR_TAIL_LINES = 20
@@ -874,17 +874,8 @@ class CommandServer(ServerProcess):
         """(user, system) CPU seconds so far, summed over its process tree (children that have
         exited and been reaped by it count in its own cumulative times only if it waited for them)."""
         self.check_alive()
-        user = system = 0.0
-        ticks = os.sysconf("SC_CLK_TCK")
-        for pid in self.measured_pids:
-            try:
-                with open("/proc/%d/stat" % pid) as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue  # exited meanwhile
-            user += int(fields[11]) / ticks
-            system += int(fields[12]) / ticks
-        return user, system
+        times = [t for t in map(instruments.process_cpu, self.measured_pids) if t is not None]  # None: exited meanwhile
+        return sum(t[0] for t in times), sum(t[1] for t in times)
 
     def rss_kib(self) -> int:
         """Resident memory of its process tree now (shared pages counted in each process)."""
@@ -896,17 +887,7 @@ class CommandServer(ServerProcess):
 
     def _tree_kib(self, key: str) -> int:
         self.check_alive()
-        total = 0
-        for pid in self.measured_pids:
-            try:
-                with open("/proc/%d/status" % pid) as f:
-                    text = f.read()
-            except OSError:
-                continue
-            for line in text.splitlines():
-                if line.startswith(key + ":"):
-                    total += int(line.split()[1])
-        return total
+        return instruments.status_kib_total(self.measured_pids, key) or 0
 
     def _with_stderr(self, message: str) -> str:
         """One line: the message and the last lines the program wrote (stdout and stderr)."""

@@ -14,7 +14,6 @@ scaled, as the run goes, by how long the finished benchmarks took against their 
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -84,6 +83,13 @@ def _num(value: Any) -> Optional[float]:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
+def _rate(info: Dict[str, Any], key: str, unit: str) -> str:
+    """'  125,936 msgs/s  p99 812 us' from a record's rate and p99 (either may be missing)."""
+    rate, p99 = _num(info.get(key)), _num(info.get("latency_p99_us"))
+    body = f"{rate:>12,.0f} {unit}" if rate is not None else ""
+    return body + (f"  p99 {p99:,.0f} us" if p99 is not None else "")
+
+
 def summary(family: str, item: pytest.Item, info: Dict[str, Any]) -> str:
     """What a finished benchmark measured, in one short line."""
     params = item.callspec.params
@@ -98,16 +104,9 @@ def summary(family: str, item: pytest.Item, info: Dict[str, Any]) -> str:
             if ratio is None:
                 return head
             return f"{head:<52} B/A msgs/s {ratio:.3f}" + (f" [{low:.3f}, {high:.3f}]" if low and high else "")
-        rate, p99 = _num(info.get("msgs_per_s")), _num(info.get("latency_p99_us"))
-        body = f"{rate:>12,.0f} msgs/s" if rate is not None else ""
-        body += f"  p99 {p99:,.0f} us" if p99 is not None else ""
-        return f"{head:<52}{body}{tail}"
+        return f"{head:<52}{_rate(info, 'msgs_per_s', 'msgs/s')}{tail}"
     if family == "zmq":
-        rate, p99 = _num(info.get("requests_per_s")), _num(info.get("latency_p99_us"))
-        head = f"zmq {params['zmq_case'].id}"
-        body = f"{rate:>12,.0f} req/s" if rate is not None else ""
-        body += f"  p99 {p99:,.0f} us" if p99 is not None else ""
-        return f"{head:<52}{body}{tail}"
+        return f"{'zmq ' + params['zmq_case'].id:<52}{_rate(info, 'requests_per_s', 'req/s')}{tail}"
     if family == "switch":
         ns = _num(info.get("ns_per_op"))
         head = f"switch {params['switch_case'].id}"

@@ -18,7 +18,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from pyconcbench import metrics, stats
+from pyconcbench import explain, metrics, stats
 from pyconcbench.metrics import md_text
 from pyconcbench.report import ab_tables, echo_tables as summary
 from pyconcbench.stats import STARVING_SHARE
@@ -332,11 +332,10 @@ def explain_report_table(infos: Sequence[Dict[str, Any]]) -> Optional[Table]:
         per = {k: v for k, v in (ex.get("per_msg") if isinstance(ex.get("per_msg"), dict) else {}).items()
                if isinstance(v, (int, float)) and not isinstance(v, bool)}
         texts = [f.get("text", "") for f in ex.get("findings") or [] if isinstance(f, dict) and f.get("key") != "syscalls"]
-        named = sorted(((k, v) for k, v in per.items() if k not in ("total", "other", "context_switches", "cpu_migrations")),
-                       key=lambda kv: -kv[1])[:4]
+        named = explain.top_calls(per, 4)
         scale = f"{conns_label(i['connections'])} × {size_label(i['size'])} {transport_label(i['transport'])}"
         rows.append([label_of(i), scale, fmt_f(per.get("total"), ".1f") if per else "-",
-                     ", ".join(f"{k} {v:.2f}" for k, v in named) or "-",
+                     ", ".join(named) or "-",
                      fmt_f(per.get("context_switches"), ".2f") if "context_switches" in per else "-",
                      "; ".join(texts) or (ex.get("note") if not per else "") or ""])
     if not rows:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
+from pyconcbench import explain
+
 BASELINE = "native_epoll"
 WIDTH = 38  # implementation column: fits "asyncio_protocol+plain+pristine_malloc"
 #: A project server whose rate is outside this band of its plain reference server's (same run,
@@ -184,9 +186,7 @@ def syscall_table(rows: Iterable[Dict[str, Any]], top: int = 6) -> List[str]:
             continue
         if not lines:
             lines += ["", "syscalls per round trip (counted with tracing on; rates then are lower)"]
-        named = [(k, v) for k, v in per.items()
-                 if k not in ("total", "other", "context_switches", "cpu_migrations")]
-        calls = ", ".join(f"{k} {v:.2f}" for k, v in named[:top])
+        calls = ", ".join(explain.top_calls(per, top))
         extra = []
         if per.get("other"):
             extra.append(f"other {per['other']:.2f}")
