@@ -104,7 +104,7 @@ setup(
             depends=sorted(glob.glob("native/*.h")),
             include_dirs=["native"],
             extra_compile_args=compile_args,
-            extra_link_args=link_args + ["-lpthread"],
+            extra_link_args=link_args + ["-lpthread", "-lm"],
         )
     ],
     cmdclass={"build_ext": checked_build_ext},

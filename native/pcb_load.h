@@ -2,9 +2,17 @@
  *
  * A load is opened once (all connections established, the thread pinned), then runs any
  * number of phases (warm-up, measured rounds) on the same connections, then is closed.  In a
- * closed-loop phase each connection sends a message, waits for its whole echo, checks it byte
- * for byte against what it sent, records the round trip's latency, and sends the next.
- * Nothing is allocated while a phase runs.
+ * closed-loop phase each connection keeps `pipeline` messages in flight (1: ping-pong): it
+ * sends, reads the echoes in order, checks each byte for byte against what it sent, records
+ * its round trip's latency, and sends the next.
+ *
+ * In an open-loop phase (rate > 0) every message has an intended send time: each connection
+ * follows its own schedule at rate / connections (uniform and staggered, or Poisson; the
+ * connections' Poisson schedules add up to one Poisson process at `rate`).  A message is sent at
+ * its intended time, or, when the connection already has `pipeline` messages in flight, as soon
+ * as one of them is echoed: it queued, and its wait counts.  Latency is recorded twice: from
+ * the intended time (corrected for coordinated omission: the histogram) and from the actual
+ * send (uncorrected).  Nothing is allocated while a phase runs.
  *
  * Payloads differ per connection and per message: the first min(16, size) bytes of every
  * message are a hash of (seed, connection id, sequence number), the rest a per-connection
@@ -52,6 +60,13 @@ enum pcb_status {
 #define PCB_LOAD_MAX_MESSAGES ((1ULL << 63) - 1)      /* round trips in one phase */
 #define PCB_LOAD_MIN_RATE 0.1                         /* paced connects per second, when paced */
 #define PCB_LOAD_MAX_RATE 1e7
+#define PCB_LOAD_MAX_PIPELINE 1024                    /* messages in flight per connection */
+#define PCB_LOAD_MAX_INFLIGHT (1u << 22)              /* connections x pipeline: per-message slots */
+#define PCB_LOAD_MIN_OPEN_RATE 1.0                    /* open loop: round trips per second, all */
+#define PCB_LOAD_MAX_OPEN_RATE 1e8                    /* connections together */
+
+/* Arrival processes of an open-loop phase. */
+enum pcb_arrival { PCB_ARRIVAL_UNIFORM = 0, PCB_ARRIVAL_POISSON = 1 };
 
 typedef struct pcb_load_spec {
     struct sockaddr_storage addr; /* AF_INET, AF_INET6 or AF_UNIX; the caller checked it is loopback */
@@ -67,6 +82,9 @@ typedef struct pcb_load_spec {
     int cpu;                      /* pin the calling thread there (< CPU_SETSIZE); -1: leave as is */
     uint32_t max_errors;          /* connection errors tolerated per phase before failing */
     uint64_t seed;
+    uint32_t pipeline;            /* messages in flight per connection, 1 .. PCB_LOAD_MAX_PIPELINE
+                                     (0 counts as 1); connections x pipeline at most
+                                     PCB_LOAD_MAX_INFLIGHT */
 } pcb_load_spec;
 
 typedef struct pcb_phase_spec {
@@ -76,7 +94,10 @@ typedef struct pcb_phase_spec {
     double stall_timeout; /* seconds without any completed round trip */
     double deadline;      /* hard limit on the phase, seconds */
     int minimal;          /* 1: the ceiling client: no clock per message, no payload check,
-                             no histogram; only counts */
+                             no histogram; only counts (closed loop only) */
+    double rate;          /* 0: closed loop; else open loop at this many round trips per second
+                             in all (PCB_LOAD_MIN_OPEN_RATE .. PCB_LOAD_MAX_OPEN_RATE) */
+    int arrival;          /* enum pcb_arrival, open loop */
 } pcb_phase_spec;
 
 typedef struct pcb_phase_result {
@@ -95,6 +116,11 @@ typedef struct pcb_phase_result {
     uint32_t served;                /* at the end: open connections that have received a byte
                                        since they connected (in any phase) */
     uint64_t bytes;                 /* payload bytes received and verified */
+    /* open loop: how late messages went out against their intended times (the engine's own
+       lateness, and the queueing behind messages in flight); 0 in a closed loop */
+    uint64_t sent;                  /* messages sent */
+    uint64_t late;                  /* of them, sent more than 1 ms after their intended time */
+    double lag_mean, lag_max;       /* seconds: actual send - intended send */
 } pcb_phase_result;
 
 /* Called about every 100 ms and on EINTR; returns nonzero to stop the run (Python's
@@ -115,9 +141,11 @@ pcb_load *pcb_load_open(const pcb_load_spec *spec, pcb_phase_result *res, pcb_ch
 int pcb_load_phase(pcb_load *load, const pcb_phase_spec *ps, pcb_phase_result *res,
                    pcb_check_fn check, void *arg);
 
-/* The last phase's latency histogram and per-connection completed counts (connections
- * entries). */
+/* The last phase's latency histogram (open loop: from each message's intended send time),
+ * its uncorrected one (open loop: from the actual send; empty after a closed-loop phase, where
+ * the two are the same), and per-connection completed counts (connections entries). */
 const pcb_hist *pcb_load_hist(const pcb_load *load);
+const pcb_hist *pcb_load_hist_uncorrected(const pcb_load *load);
 const uint64_t *pcb_load_per_conn(const pcb_load *load);
 uint32_t pcb_load_connections(const pcb_load *load);
 

@@ -583,12 +583,14 @@ static PyObject *result_dict(const pcb_phase_result *res)
         }
         Py_DECREF(v);
     }
-    return Py_BuildValue("{s:s,s:s,s:K,s:d,s:d,s:d,s:N,s:I,s:I,s:K,s:I,s:I}", "status",
+    return Py_BuildValue("{s:s,s:s,s:K,s:d,s:d,s:d,s:N,s:I,s:I,s:K,s:I,s:I,s:K,s:K,s:d,s:d}", "status",
                          status_name(res->status), "message", res->message, "completed",
                          (unsigned long long)res->completed, "elapsed", res->elapsed, "cpu_user",
                          res->cpu_user, "cpu_sys", res->cpu_sys, "errors", errors, "waiting",
                          res->waiting, "live", res->live, "bytes", (unsigned long long)res->bytes,
-                         "unserved", res->unserved, "served", res->served);
+                         "unserved", res->unserved, "served", res->served, "sent",
+                         (unsigned long long)res->sent, "late", (unsigned long long)res->late,
+                         "lag_mean", res->lag_mean, "lag_max", res->lag_max);
 }
 
 /* ---- Load ------------------------------------------------------------------------- */
@@ -688,27 +690,35 @@ static int parse_address(pcb_load_spec *spec, const char *family, const char *ad
 static int Load_init_claimed(LoadObject *self, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"family", "address", "port", "connections", "size", "connect_timeout",
-                             "cpu", "max_errors", "seed", "connect_rate", NULL};
+                             "cpu", "max_errors", "seed", "connect_rate", "pipeline", NULL};
     const char *family, *address;
     PyObject *port_o, *connections_o, *size_o, *cpu_o = NULL, *max_errors_o = NULL, *seed_o = NULL;
-    long long port, cpu = -1, connections, size;
+    PyObject *pipeline_o = NULL;
+    long long port, cpu = -1, connections, size, pipeline = 1;
     unsigned long long max_errors = 0, seed = 0;
     double connect_timeout = 30.0, connect_rate = 0.0;
     if (self->load) {
         PyErr_SetString(PyExc_RuntimeError, "Load is already open");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "ssOOO|dOOOd", kwlist, &family, &address, &port_o,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "ssOOO|dOOOdO", kwlist, &family, &address, &port_o,
                                      &connections_o, &size_o, &connect_timeout, &cpu_o,
-                                     &max_errors_o, &seed_o, &connect_rate))
+                                     &max_errors_o, &seed_o, &connect_rate, &pipeline_o))
         return -1;
     if (int_arg(port_o, "port", 0, 65535, &port) < 0 ||
         int_arg(connections_o, "connections", 1, PCB_LOAD_MAX_CONNECTIONS, &connections) < 0 ||
         int_arg(size_o, "size", 1, PCB_LOAD_MAX_SIZE, &size) < 0 ||
         (cpu_o && int_arg(cpu_o, "cpu", -1, CPU_SETSIZE - 1, &cpu) < 0) ||
         (max_errors_o && uint_arg(max_errors_o, "max_errors", 0, UINT32_MAX, &max_errors) < 0) ||
-        (seed_o && uint_arg(seed_o, "seed", 0, UINT64_MAX, &seed) < 0))
+        (seed_o && uint_arg(seed_o, "seed", 0, UINT64_MAX, &seed) < 0) ||
+        (pipeline_o && int_arg(pipeline_o, "pipeline", 1, PCB_LOAD_MAX_PIPELINE, &pipeline) < 0))
         return -1;
+    if ((unsigned long long)connections * (unsigned long long)pipeline > PCB_LOAD_MAX_INFLIGHT) {
+        PyErr_Format(PyExc_ValueError,
+                     "pipeline: %lld messages in flight times %lld connections is more than %u",
+                     pipeline, connections, PCB_LOAD_MAX_INFLIGHT);
+        return -1;
+    }
     if ((unsigned long long)connections * (unsigned long long)size > PCB_LOAD_MAX_PAYLOAD) {
         PyErr_Format(PyExc_ValueError,
                      "size: %lld bytes times %lld connections needs more than %llu GiB of message "
@@ -736,6 +746,7 @@ static int Load_init_claimed(LoadObject *self, PyObject *args, PyObject *kwds)
     self->spec.cpu = (int)cpu;
     self->spec.max_errors = (uint32_t)max_errors;
     self->spec.seed = seed;
+    self->spec.pipeline = (uint32_t)pipeline;
     return 0;
 }
 
@@ -775,24 +786,46 @@ static PyObject *Load_open_claimed(LoadObject *self, PyObject *Py_UNUSED(ignored
 }
 
 PyDoc_STRVAR(Load_phase_doc,
-"phase(messages, duration, stall_timeout, deadline, minimal=False) -> dict\n\n"
-"Runs one closed-loop phase with the GIL released: `messages` round trips (or `duration`\n"
-"seconds when messages is 0).  Adds 'latency' (the phase's Histogram, ns) and 'per_conn' to\n"
-"the result dict.\n"
+"phase(messages, duration, stall_timeout, deadline, minimal=False, rate=0.0,\n"
+"      arrival='uniform') -> dict\n\n"
+"Runs one phase with the GIL released: `messages` round trips (or `duration` seconds when\n"
+"messages is 0).  rate 0: a closed loop; rate > 0: an open loop at that many round trips per\n"
+"second in all, arrivals 'uniform' or 'poisson', latency from each message's intended send\n"
+"time.  Adds 'latency' (the phase's Histogram, ns), 'latency_uncorrected' (open loop: from the\n"
+"actual send; None in a closed loop) and 'per_conn' to the result dict.\n"
 "Raises the pending exception if a signal handler raised (KeyboardInterrupt, timeouts);\n"
 "RuntimeError when another open() or phase() of this load is running (a signal handler, a\n"
 "thread).  Seconds beyond about 31 years count as 31 years.");
 
 static PyObject *Load_phase_claimed(LoadObject *self, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"messages", "duration", "stall_timeout", "deadline", "minimal", NULL};
+    static char *kwlist[] = {"messages", "duration", "stall_timeout", "deadline", "minimal", "rate",
+                             "arrival", NULL};
     PyObject *messages_o;
     unsigned long long messages;
-    double duration, stall_timeout, deadline;
-    int minimal = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "Oddd|p", kwlist, &messages_o, &duration,
-                                     &stall_timeout, &deadline, &minimal))
+    double duration, stall_timeout, deadline, rate = 0.0;
+    int minimal = 0, arrival_kind = PCB_ARRIVAL_UNIFORM;
+    const char *arrival = "uniform";
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "Oddd|pds", kwlist, &messages_o, &duration,
+                                     &stall_timeout, &deadline, &minimal, &rate, &arrival))
         return NULL;
+    if (strcmp(arrival, "poisson") == 0)
+        arrival_kind = PCB_ARRIVAL_POISSON;
+    else if (strcmp(arrival, "uniform") != 0) {
+        PyErr_Format(PyExc_ValueError, "arrival: must be 'uniform' or 'poisson', got '%s'", arrival);
+        return NULL;
+    }
+    if (!(rate == 0 || (rate >= PCB_LOAD_MIN_OPEN_RATE && rate <= PCB_LOAD_MAX_OPEN_RATE))) {
+        char msg[160];
+        PyOS_snprintf(msg, sizeof(msg), "rate: must be 0 (closed loop) or %g .. %g round trips per "
+                      "second, got %g", PCB_LOAD_MIN_OPEN_RATE, PCB_LOAD_MAX_OPEN_RATE, rate);
+        PyErr_SetString(PyExc_ValueError, msg);
+        return NULL;
+    }
+    if (rate > 0 && minimal) {
+        PyErr_SetString(PyExc_ValueError, "phase: minimal (the ceiling client) is closed-loop only");
+        return NULL;
+    }
     if (uint_arg(messages_o, "messages", 0, PCB_LOAD_MAX_MESSAGES, &messages) < 0)
         return NULL;
     if (!self->load) {
@@ -812,7 +845,8 @@ static PyObject *Load_phase_claimed(LoadObject *self, PyObject *args, PyObject *
         return NULL;
     }
     pcb_phase_spec ps = {.messages = messages, .duration = duration, .stall_timeout = stall_timeout,
-                         .deadline = deadline, .minimal = minimal};
+                         .deadline = deadline, .minimal = minimal, .rate = rate,
+                         .arrival = arrival_kind};
     pcb_phase_result res;
     gil_ctx g;
     g.save = PyEval_SaveThread();
@@ -829,11 +863,21 @@ static PyObject *Load_phase_claimed(LoadObject *self, PyObject *args, PyObject *
     if (hist)
         memcpy(hist->h, pcb_load_hist(self->load), sizeof(pcb_hist));
     PyObject *lat = (PyObject *)hist;
+    PyObject *unc = Py_None;
+    Py_INCREF(unc);
+    if (hist && rate > 0) {
+        Py_DECREF(unc);
+        HistObject *h2 = hist_alloc(get_state(module)->hist_type);
+        if (h2)
+            memcpy(h2->h, pcb_load_hist_uncorrected(self->load), sizeof(pcb_hist));
+        unc = (PyObject *)h2;
+    }
     uint32_t n = pcb_load_connections(self->load);
     const uint64_t *pc = pcb_load_per_conn(self->load);
     PyObject *per = PyList_New(n);
-    if (!lat || !per) {
+    if (!lat || !per || !unc) {
         Py_XDECREF(lat);
+        Py_XDECREF(unc);
         Py_XDECREF(per);
         Py_DECREF(d);
         return NULL;
@@ -842,6 +886,7 @@ static PyObject *Load_phase_claimed(LoadObject *self, PyObject *args, PyObject *
         PyObject *v = PyLong_FromUnsignedLongLong(pc[i]);
         if (!v) {
             Py_DECREF(lat);
+            Py_DECREF(unc);
             Py_DECREF(per);
             Py_DECREF(d);
             return NULL;
@@ -850,9 +895,11 @@ static PyObject *Load_phase_claimed(LoadObject *self, PyObject *args, PyObject *
     }
     int r1 = PyDict_SetItemString(d, "latency", lat);
     int r2 = PyDict_SetItemString(d, "per_conn", per);
+    int r3 = PyDict_SetItemString(d, "latency_uncorrected", unc);
     Py_DECREF(lat);
+    Py_DECREF(unc);
     Py_DECREF(per);
-    if (r1 < 0 || r2 < 0) {
+    if (r1 < 0 || r2 < 0 || r3 < 0) {
         Py_DECREF(d);
         return NULL;
     }
@@ -1151,7 +1198,11 @@ static int module_exec(PyObject *module)
         PyModule_AddIntConstant(module, "MAX_ERRORS", (long)UINT32_MAX) < 0 ||
         PyModule_AddIntConstant(module, "CACHELINE_MAX_ITERATIONS", PCB_PROBE_MAX_ITERATIONS) < 0 ||
         add_double(module, "MIN_CONNECT_RATE", PCB_LOAD_MIN_RATE) < 0 ||
-        add_double(module, "MAX_CONNECT_RATE", PCB_LOAD_MAX_RATE) < 0)
+        add_double(module, "MAX_CONNECT_RATE", PCB_LOAD_MAX_RATE) < 0 ||
+        PyModule_AddIntConstant(module, "MAX_PIPELINE", PCB_LOAD_MAX_PIPELINE) < 0 ||
+        PyModule_AddIntConstant(module, "MAX_INFLIGHT", PCB_LOAD_MAX_INFLIGHT) < 0 ||
+        add_double(module, "MIN_OPEN_RATE", PCB_LOAD_MIN_OPEN_RATE) < 0 ||
+        add_double(module, "MAX_OPEN_RATE", PCB_LOAD_MAX_OPEN_RATE) < 0)
         return -1;
     return 0;
 }

@@ -17,7 +17,7 @@ WORKLOADS = ("pyconcbench.options", "pyconcbench.loopback", "pyconcbench.ab", "p
              "pyconcbench.metrics", "pyconcbench.micro", "pyconcbench.zmq", "pyconcbench.zmq.runner",
              "pyconcbench.cli", "pyconcbench.gobuild", "pyconcbench.broken", "pyconcbench.procs",
              "pyconcbench.worker", "pyconcbench.suite", "pyconcbench.examples", "pyconcbench.examples.echo_server",
-             "pyconcbench.conformance", "pyconcbench.explain")
+             "pyconcbench.conformance", "pyconcbench.explain", "pyconcbench.openloop")
 
 
 def _loaded_after(module: str):
@@ -46,6 +46,7 @@ def test_workloads_and_engines_never_import_pytest(module):
 
 REPORT = ("pyconcbench.report", "pyconcbench.report.results", "pyconcbench.report.plots",
           "pyconcbench.report.echo_tables", "pyconcbench.report.switch_tables", "pyconcbench.report.ab_tables",
+          "pyconcbench.report.openloop_tables",
           "pyconcbench.cli")
 #: What the report may never load: it reads saved JSON (through metrics) on any machine.
 NOT_IN_REPORT = ("pyconcbench.micro", "pyconcbench.servers", "pyconcbench.zmq", "pyconcbench.harness",

@@ -1,7 +1,7 @@
 """``pyconcbench``: the suite, reports and the offline regression gate over saved runs, and the
 conformance suite against any echo server.
 
-    pyconcbench run [--profile quick|full] [--family echo,switch,zmq,ceiling] [--no-save] [PYTEST ARGS]
+    pyconcbench run [--profile quick|full] [--family echo,openloop,switch,zmq,ceiling] [--no-save] [PYTEST ARGS]
     pyconcbench report [RUN ...] [--png DIR] [--html FILE] [--by-python]
     pyconcbench compare BASE NEW [--fail-on EXPR] [--markdown FILE]
     pyconcbench compare AB_RUN [--fail-on EXPR]          (an interleaved A/B run gates itself)
@@ -165,7 +165,7 @@ ceiling) with pytest, from any folder: prints live progress and the tables, save
 ./.benchmarks (pytest-benchmark's storage) and compares it with the previous saved run there.
 
   --profile P       quick (default, about 5-10 minutes) or full (the studies' matrix, about an hour)
-  --family F,...    only these families: echo, switch, zmq, ceiling (default: all)
+  --family F,...    only these families: echo, openloop, switch, zmq, ceiling (default: all)
   --no-save         do not save the run (no --benchmark-autosave)
   PYTEST ARGS       any pytest or plugin option, e.g. -k "native_epoll or asyncio_protocol",
                     --pcb-impl my_server.py:serve, --pcb-conns 100,1k (`pytest --help`: the

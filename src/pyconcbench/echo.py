@@ -41,15 +41,19 @@ class EchoCase:
     explain: bool = field(default=False, compare=False)  # trace one untimed round (pyconcbench.explain)
     #: a server the user brings (--pcb-server-cmd): its command line; ``impl`` is its name
     command: Optional[str] = None
+    #: messages in flight per connection (--pcb-pipeline): 1 is ping-pong
+    pipeline: int = 1
 
     @property
     def scale(self) -> str:
         label = f"c{self.connections}-{size_label(self.size)}"
+        if self.pipeline != 1:
+            label += f"-p{self.pipeline}"
         return label if self.transport == "tcp" else label + "-unix"
 
     @property
     def id(self) -> str:
-        """Baseline key: ``[plain_]impl-cN-SIZE[-unix][-malloc_STATE]``."""
+        """Baseline key: ``[plain_]impl-cN-SIZE[-pK][-unix][-malloc_STATE]``."""
         suffix = "" if self.malloc == harness.MALLOC_DEFAULT else f"-malloc_{self.malloc}"
         prefix = plain.PREFIX if self.plain else ""
         return f"{prefix}{self.impl}-{self.scale}{suffix}"
@@ -87,12 +91,13 @@ def echo_cases(settings: Settings) -> List[EchoCase]:
                                                 if (v[0], v[1], v[2], v[3]) == (impl, conns, size, transport)]
             mallocs = list(dict.fromkeys(mallocs))
             for malloc in mallocs:
-                out.append(EchoCase(impl, conns, size, transport, malloc))
+                out.append(EchoCase(impl, conns, size, transport, malloc, pipeline=settings.pipeline))
             if reference and impl in plain.PLAIN:
-                out += [EchoCase(impl, conns, size, transport, malloc, plain=True)
+                out += [EchoCase(impl, conns, size, transport, malloc, plain=True, pipeline=settings.pipeline)
                         for malloc in mallocs if malloc != "tuned"]
         if settings.server_cmd and transport in harness.command_transports(settings.server_cmd):
-            out += [EchoCase(settings.server_name, conns, size, transport, malloc, command=settings.server_cmd)
+            out += [EchoCase(settings.server_name, conns, size, transport, malloc, command=settings.server_cmd,
+                             pipeline=settings.pipeline)
                     for malloc in settings.mallocs]
     # Where a run compares allocator states of a server, count their allocator syscalls.
     states: Dict[Tuple[str, int, int, str], int] = {}
@@ -171,6 +176,8 @@ class EchoRunner:
             duration = 0.0
         self.messages = messages
         self.plan = settings.plan_for(case.connections)
+        #: what each measured round passes to LoadSession.round (the open loop: its rate)
+        self.round_kwargs: Dict[str, Any] = {}
         address = server.address
         common = dict(
             connections=case.connections, size=case.size, messages=messages, duration=duration,
@@ -181,6 +188,7 @@ class EchoRunner:
             connect_timeout=max(30.0, case.connections / 200.0), connect_rate=settings.connect_rate,
             # a hard bound on each phase: slower than 100 round trips a second is a failure
             deadline=max(120.0, 10 * settings.stall_timeout, 2 * duration + 60, messages / 100.0),
+            pipeline=case.pipeline,
         )
         if case.transport == "unix":
             self.spec = loadgen.LoadSpec(transport="unix", path=address, **common)
@@ -206,7 +214,7 @@ class EchoRunner:
         pids = self.server.measured_pids  # a command server's whole process tree
         before = instruments.snapshot(pids)
         started = time.perf_counter()
-        result = session.round()
+        result = session.round(**self.round_kwargs)
         finished = time.perf_counter()
         after = instruments.snapshot(pids)
         if before.server_runtime is None or after.server_runtime is None:
@@ -408,6 +416,7 @@ class EchoOutcome:
             "connections": case.connections,
             "size": case.size,
             "transport": case.transport,
+            "pipeline": case.pipeline,
             "messages_per_round": runner.messages,
             "msgs_per_s": round(completed / elapsed, 1) if elapsed else 0.0,
             "msgs_per_s_median": round(statistics.median(r.msgs_per_s for r in results), 1),

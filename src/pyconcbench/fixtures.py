@@ -5,6 +5,7 @@ broken included).
 
     echo_servers, echo_server,       pyconcbench.harness + pyconcbench.echo.EchoRunner
     echo_bench                       (+ pyconcbench.ab.ABRunner in an interleaved A/B run)
+    openloop_bench                   pyconcbench.openloop.OpenLoopRunner (on echo_servers)
     ceiling_server, ceiling_bench    pyconcbench.echo.run_ceiling
     zmq_bench                        pyconcbench.zmq.runner.Runner
     switch_bench                     pyconcbench.micro.Runner
@@ -22,7 +23,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import pytest
 
-from . import ab, echo, harness, instruments, loadgen, micro, options
+from . import ab, echo, harness, instruments, loadgen, micro, openloop, options
 from . import zmq as pcbzmq
 from .echo import EchoCase, EchoOutcome, EchoRunner
 from .options import Settings
@@ -32,6 +33,7 @@ RESULTS_KEY = pytest.StashKey[List[Dict[str, Any]]]()
 CEILING_KEY = pytest.StashKey[List[Dict[str, Any]]]()
 SWITCH_KEY = pytest.StashKey[List[Dict[str, Any]]]()
 AB_KEY = pytest.StashKey[List[Dict[str, Any]]]()
+OPENLOOP_KEY = pytest.StashKey[List[Dict[str, Any]]]()
 
 #: Why the load generator's ceiling skips in an A/B run: it has no environment to compare.
 AB_NOTHING_TO_COMPARE = ("not measured in an A/B run: the load generator's ceiling runs no code of either "
@@ -247,6 +249,46 @@ def echo_bench(request: pytest.FixtureRequest, benchmark: Any, echo_case: EchoCa
         key = RESULTS_KEY if result.ab is None else AB_KEY
         request.config.stash[key].append(result.extra)
         return result
+
+    return run
+
+
+#: Why the open-loop family skips in an A/B run.
+AB_OPENLOOP = ("not measured in an A/B run: the open-loop family compares implementations at a rate set by each "
+               "one's own maximum (select the suite's test_echo.py, test_switch.py or test_zmq.py)")
+
+
+@pytest.fixture
+def openloop_bench(request: pytest.FixtureRequest, benchmark: Any, openloop_case: openloop.OpenLoopCase,
+                   echo_servers: Dict[str, harness.ServerProcess], pcb_settings: Settings,
+                   pcb_probe_baseline: Optional[float],
+                   pcb_speed_gauge: Optional[instruments.SpeedGauge]) -> Callable[[], EchoOutcome]:
+    """Call it to run an open-loop case's rounds; returns its EchoOutcome (extra_info saved)."""
+
+    def run() -> EchoOutcome:
+        if pcb_settings.ab is not None:
+            pytest.skip(AB_OPENLOOP)
+        server = echo_servers[""]
+        failure = None
+        outcome = None
+        try:
+            runner = openloop.OpenLoopRunner(pcb_settings, openloop_case, server, pcb_probe_baseline,
+                                             pcb_speed_gauge)
+            outcome = runner.run(benchmark)
+        except loadgen.LoadError as exc:
+            failure = f"{openloop_case.id}: {exc}"
+            try:
+                server.check_alive()
+            except harness.ServerError as died:
+                failure = f"{openloop_case.id}: the server died during the load ({exc}): {died}"
+                request.node.stash[SERVER_REPORTED_KEY] = True
+        except harness.ServerError as exc:
+            failure = f"{openloop_case.id}: {exc}"
+            request.node.stash[SERVER_REPORTED_KEY] = True
+        if failure is not None:
+            _fail(failure)
+        request.config.stash[OPENLOOP_KEY].append(outcome.extra)
+        return outcome
 
     return run
 

@@ -28,6 +28,7 @@ __all__ = [
     "LoadSpec",
     "Histogram",
     "merged",
+    "merged_uncorrected",
     "ensure_fd_limit",
     "fairness",
     "fd_limit",
@@ -45,6 +46,14 @@ MIN_CONNECT_RATE = _native.MIN_CONNECT_RATE
 MAX_CONNECT_RATE = _native.MAX_CONNECT_RATE
 #: Message buffers the engine may allocate (connections x size) before refusing.
 MAX_PAYLOAD_MEMORY = _native.MAX_PAYLOAD_MEMORY
+#: Messages in flight per connection (LoadSpec.pipeline), and over every connection.
+MAX_PIPELINE = _native.MAX_PIPELINE
+MAX_INFLIGHT = _native.MAX_INFLIGHT
+#: An open-loop round's rate, round trips per second over every connection.
+MIN_OPEN_RATE = _native.MIN_OPEN_RATE
+MAX_OPEN_RATE = _native.MAX_OPEN_RATE
+#: How an open loop's intended send times are spread (LoadSession.round's ``arrival``).
+ARRIVALS = ("uniform", "poisson")
 #: Sockets, pipes and files the process needs besides the load's connections.
 FD_MARGIN = 64
 #: A load generator busier than this share of one CPU may be what limits the rate.
@@ -104,8 +113,9 @@ def loopback_host(host: str) -> str:
 class LoadSpec:
     """What load to put on one echo server.  Every field is checked on construction.
 
-    Closed loop: each connection sends ``size`` bytes, waits for the whole echo, checks it,
-    sends the next (an open-loop mode and pipelining are not implemented).
+    Closed loop: each connection keeps ``pipeline`` messages of ``size`` bytes in flight (1:
+    ping-pong), checks each echo byte for byte, in order, and sends the next as one comes back.
+    ``LoadSession.round(rate=R)`` runs a round as an open loop instead (see there).
     """
 
     transport: str = "tcp"             #: "tcp" or "unix"
@@ -129,6 +139,9 @@ class LoadSpec:
     #: connect_timeout runs from when the last connect is due, (connections - 1) / rate after
     #: the first
     connect_rate: float = 0.0
+    #: messages in flight per connection: 1 is ping-pong, more is pipelining (each echo still
+    #: verified, in order)
+    pipeline: int = 1
 
     def __post_init__(self) -> None:
         if self.transport not in ("tcp", "unix"):
@@ -149,7 +162,8 @@ class LoadSpec:
                 raise _fail("path", self.path, "is longer than the 107 bytes a UNIX socket path may have")
         for name, low, high in (("connections", 1, MAX_CONNECTIONS), ("size", 1, None),
                                 ("messages", 0, MAX_MESSAGES), ("warmup_messages", 0, MAX_MESSAGES),
-                                ("max_errors", 0, MAX_ERRORS), ("seed", 0, None)):
+                                ("max_errors", 0, MAX_ERRORS), ("seed", 0, None),
+                                ("pipeline", 1, MAX_PIPELINE)):
             value = getattr(self, name)
             if not _is_int(value) or value < low:
                 raise _fail(name, value, f"must be an int >= {low}")
@@ -177,6 +191,9 @@ class LoadSpec:
             allowed = sorted(os.sched_getaffinity(0))
             if not _is_int(self.cpu) or self.cpu not in allowed:
                 raise _fail("cpu", self.cpu, f"must be one of this process's CPUs {allowed} or None")
+        if self.connections * self.pipeline > MAX_INFLIGHT:
+            raise _fail("pipeline", self.pipeline,
+                        f"times {self.connections} connections is more than {MAX_INFLIGHT} messages in flight")
         if self.connections * self.size > MAX_PAYLOAD_MEMORY:
             raise _fail("size", self.size,
                         f"times {self.connections} connections needs more than "
@@ -229,8 +246,23 @@ class LoadResult:
     loadgen_cpu_user: float
     loadgen_cpu_sys: float
     bytes: int
-    #: the phase's whole latency histogram (``_native.Histogram``): rounds merge exactly
+    #: the phase's whole latency histogram (``_native.Histogram``): rounds merge exactly; in an
+    #: open loop, from each message's intended send time (corrected for coordinated omission)
     histogram: Any = field(default=None, repr=False, compare=False)
+    #: open loop: the rate asked (round trips per second, all connections; 0: a closed loop),
+    #: how the sends were spread, and the latency from each message's actual send (uncorrected)
+    rate: float = 0.0
+    arrival: str = ""
+    latency_uncorrected: Optional[Dict[str, float]] = None
+    histogram_uncorrected: Any = field(default=None, repr=False, compare=False)
+    #: open loop: messages sent, those sent more than 1 ms after their intended time (they
+    #: queued behind the connection's messages in flight, or the engine was late), and the mean
+    #: and largest such lag in seconds
+    sent: int = 0
+    late: int = 0
+    lag_mean: float = 0.0
+    lag_max: float = 0.0
+    pipeline: int = 1
 
     @property
     def msgs_per_s(self) -> float:
@@ -254,7 +286,8 @@ class LoadResult:
         return self.loadgen_cpu_share >= LOADGEN_BOUND_SHARE
 
     def as_dict(self) -> Dict[str, Any]:
-        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "histogram"}
+        d = {f.name: getattr(self, f.name) for f in fields(self)
+             if f.name not in ("histogram", "histogram_uncorrected")}
         d["latency"] = dict(self.latency)
         d["errors"] = dict(self.errors)
         d["fairness"] = asdict(self.fairness)
@@ -353,6 +386,7 @@ class LoadSession:
             max_errors=spec.max_errors,
             seed=spec.seed,
             connect_rate=float(spec.connect_rate),
+            pipeline=spec.pipeline,
         )
         res = load.open()
         _raise_for(res)
@@ -368,14 +402,29 @@ class LoadSession:
         elif spec.warmup_messages > 0:
             self._phase(spec.warmup_messages, 0.0)
 
-    def round(self, messages: Optional[int] = None, duration: Optional[float] = None) -> LoadResult:
+    def round(self, messages: Optional[int] = None, duration: Optional[float] = None,
+              rate: float = 0.0, arrival: str = "uniform") -> LoadResult:
         """One measured phase: ``messages`` round trips (default: the spec's), or ``duration``
-        seconds.  LoadError when it cannot complete."""
+        seconds.  LoadError when it cannot complete.
+
+        ``rate`` > 0 makes it an open loop: each connection sends on its own schedule at rate /
+        connections (``arrival`` "uniform": evenly spaced and staggered; "poisson": exponential
+        gaps, adding up to a Poisson process at ``rate``), whether or not its echoes are back;
+        a message due while the connection has ``pipeline`` messages in flight waits, and its
+        wait counts.  The latency histogram is then from each message's intended send time, and
+        ``latency_uncorrected`` from its actual send.  A rate the server cannot hold is not
+        lowered: the round takes longer, and msgs_per_s says what was achieved."""
         spec = self.spec
         if messages is None and duration is None:
             messages, duration = spec.messages, spec.duration
-        res = self._phase(messages or 0, duration or 0.0)
+        if not _is_number(rate) or not (rate == 0 or MIN_OPEN_RATE <= rate <= MAX_OPEN_RATE):
+            raise ValueError(f"round: rate must be 0 (closed loop) or {MIN_OPEN_RATE:g} .. {MAX_OPEN_RATE:g} "
+                             f"round trips a second, got {rate!r}")
+        if arrival not in ARRIVALS:
+            raise ValueError(f"round: arrival must be one of {', '.join(ARRIVALS)}, got {arrival!r}")
+        res = self._phase(messages or 0, duration or 0.0, rate=float(rate), arrival=arrival)
         hist = res["latency"]
+        unc = res.get("latency_uncorrected")
         return LoadResult(
             connections=spec.connections,
             size=spec.size,
@@ -390,6 +439,15 @@ class LoadSession:
             loadgen_cpu_sys=res["cpu_sys"],
             bytes=res["bytes"],
             histogram=hist,
+            rate=float(rate),
+            arrival=arrival if rate else "",
+            latency_uncorrected=unc.summary() if unc is not None else None,
+            histogram_uncorrected=unc,
+            sent=res["sent"],
+            late=res["late"],
+            lag_mean=res["lag_mean"],
+            lag_max=res["lag_max"],
+            pipeline=spec.pipeline,
         )
 
     def minimal_round(self, messages: int) -> Tuple[int, float, float]:
@@ -398,11 +456,12 @@ class LoadSession:
         res = self._phase(messages, 0.0, minimal=True)
         return res["completed"], res["elapsed"], res["cpu_user"] + res["cpu_sys"]
 
-    def _phase(self, messages: int, duration: float, minimal: bool = False) -> Dict[str, Any]:
+    def _phase(self, messages: int, duration: float, minimal: bool = False, rate: float = 0.0,
+               arrival: str = "uniform") -> Dict[str, Any]:
         if self._load is None:
             raise RuntimeError("LoadSession is not open")
         spec = self.spec
-        res = self._load.phase(messages, duration, spec.stall_timeout, spec.deadline, minimal)
+        res = self._load.phase(messages, duration, spec.stall_timeout, spec.deadline, minimal, rate, arrival)
         _raise_for(res)
         return res
 
@@ -441,4 +500,14 @@ def merged(results: Sequence[LoadResult]) -> Any:
         if r.histogram is None:
             raise ValueError("merged: a LoadResult without its histogram")
         total.merge(r.histogram)
+    return total
+
+
+def merged_uncorrected(results: Sequence[LoadResult]) -> Any:
+    """merged() of open-loop rounds' uncorrected histograms (from each message's actual send)."""
+    total = Histogram()
+    for r in results:
+        if r.histogram_uncorrected is None:
+            raise ValueError("merged_uncorrected: a LoadResult of a closed loop (no uncorrected histogram)")
+        total.merge(r.histogram_uncorrected)
     return total

@@ -3,8 +3,9 @@ the reports read from it (its key in extra_info, where its per-round samples are
 which way is better, how it is printed).
 
 Every benchmark the suite saves is stamped ``pcb_family`` (``echo``, ``ceiling``, ``switch``,
-``zmq``, ``ab``: an interleaved A/B case of the echo, switch or ZeroMQ family, named by its
-``ab_family``; see ``pyconcbench.ab``) and ``pcb_schema`` (``SCHEMA_VERSION``) in its
+``zmq``, ``openloop``: an echo server at a fixed offered rate, ``pyconcbench.openloop``; ``ab``: an
+interleaved A/B case of the echo, switch or ZeroMQ family, named by its ``ab_family``; see
+``pyconcbench.ab``) and ``pcb_schema`` (``SCHEMA_VERSION``) in its
 extra_info.  (The switch family's own ``family`` key is the language -- python, native, go --
 hence the prefix.)  Runs saved before the stamp existed (schema 0) are recognised by the keys
 they hold.  A schema newer than this
@@ -24,8 +25,8 @@ SCHEMA_VERSION = 1
 FAMILY_KEY = "pcb_family"
 SCHEMA_KEY = "pcb_schema"
 
-ECHO, CEILING, SWITCH, ZMQ, AB = "echo", "ceiling", "switch", "zmq", "ab"
-FAMILIES = (ECHO, CEILING, SWITCH, ZMQ, AB)
+ECHO, CEILING, SWITCH, ZMQ, AB, OPENLOOP = "echo", "ceiling", "switch", "zmq", "ab", "openloop"
+FAMILIES = (ECHO, CEILING, SWITCH, ZMQ, AB, OPENLOOP)
 OTHER = "other"
 
 
@@ -103,15 +104,15 @@ METRICS: Dict[str, Metric] = {m.name: m for m in (
     Metric("requests_per_s", True, "req/s", (("requests_per_s", "rounds", "requests_per_s"),),
            "ZeroMQ requests per second", (ZMQ,)),
     Metric("latency_p50", False, "us", (("latency_p50_us", "rounds", "latency_p50_us"),),
-           "median round-trip latency", (ECHO, ZMQ)),
+           "median round-trip latency (open loop: from each message's intended send time)", (ECHO, ZMQ, OPENLOOP)),
     Metric("latency_p90", False, "us", (("latency_p90_us", "rounds", "latency_p90_us"),),
-           "90th percentile latency", (ECHO, ZMQ)),
+           "90th percentile latency", (ECHO, ZMQ, OPENLOOP)),
     Metric("latency_p95", False, "us", (("latency_p95_us", "rounds", "latency_p95_us"),),
-           "95th percentile latency", (ECHO, ZMQ)),
+           "95th percentile latency", (ECHO, ZMQ, OPENLOOP)),
     Metric("latency_p99", False, "us", (("latency_p99_us", "rounds", "latency_p99_us"),),
-           "99th percentile latency", (ECHO, ZMQ)),
+           "99th percentile latency", (ECHO, ZMQ, OPENLOOP)),
     Metric("server_cpu_us_per_msg", False, "us", (("server_cpu_us_per_msg", "rounds", "server_cpu_us_per_msg"),),
-           "the echo server's CPU per round trip", (ECHO,)),
+           "the echo server's CPU per round trip", (ECHO, OPENLOOP)),
     Metric("rss_per_conn_kib", False, "KiB", (("rss_per_conn_kib", "rounds", "rss_per_conn_kib"),),
            "the echo server's resident memory per open connection (its RSS after each round less its "
            "RSS before the load generator connected, over the connections)", (ECHO,), floor=1.0),
@@ -258,6 +259,17 @@ FAMILY_FIELDS: Dict[str, Dict[str, Any]] = {
          "pairs": ListOf({"order": TEXT, "noisy": SCALAR, "spell": SCALAR, **_ALL_PAIR_METRICS}),
          "intervals": MapOf(_INTERVAL), "intervals_all": MapOf(_INTERVAL)},
     OTHER: {},
+}
+#: An open-loop case (pyconcbench.openloop): the echo record's fields, its latencies from each
+#: message's intended send time, and the open loop's own: the rate asked and achieved, the
+#: latencies from the actual send (uncorrected), and both whole spectra ([percentile, us], ...).
+FAMILY_FIELDS[OPENLOOP] = {
+    **FAMILY_FIELDS[ECHO], "arrival": TEXT, "rate_label": TEXT, "rate_fraction": NONNEG,
+    "rate_asked": REQUIRED(NONNEG), "rate_achieved_share": NONNEG, "rate_held": FLAG,
+    "closed_loop_max_msgs_per_s": NONNEG, "latency_uncorrected_p50_us": NONNEG,
+    "latency_uncorrected_p99_us": NONNEG, "latency_uncorrected_p99_9_us": NONNEG, "latency_p99_9_us": NONNEG,
+    "latency_max_us": NONNEG, "send_lag_mean_us": NUMBER, "send_lag_max_us": NUMBER,
+    "latency_spectrum": ListOf(ListOf(NONNEG)), "latency_uncorrected_spectrum": ListOf(ListOf(NONNEG)),
 }
 for _fields in FAMILY_FIELDS.values():
     _fields["pcb_fail_on"] = TEXT  # a test's pcb_fail_on marker, as the plugin saved it

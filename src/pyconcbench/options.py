@@ -164,6 +164,46 @@ def parse_rate(text: str) -> float:
     return value
 
 
+def parse_open_rates(text: str) -> Tuple[Tuple[float, bool], ...]:
+    """'25%,50%,90%' (shares of the implementation's closed-loop maximum, measured in the same
+    run) or '20000,50k' (round trips per second, all connections) -> ((value, relative), ...)."""
+    from . import loadgen
+    out = []
+    for part in _items(text):
+        m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*(%|k|K|/s)?", part)
+        if not m:
+            raise ValueError(f"{part!r} is not a rate: a share of the closed-loop maximum (50%) or round "
+                             "trips per second (20000, 20k)")
+        value, unit = float(m.group(1)), m.group(2) or ""
+        if unit == "%":
+            if not 0 < value <= 1000:
+                raise ValueError(f"{part!r}: a share must be above 0% and at most 1000%")
+            out.append((round(value / 100.0, 6), True))
+            continue
+        value *= 1000 if unit in ("k", "K") else 1
+        if not loadgen.MIN_OPEN_RATE <= value <= loadgen.MAX_OPEN_RATE:
+            raise ValueError(f"{part!r} is outside {loadgen.MIN_OPEN_RATE:g} .. {loadgen.MAX_OPEN_RATE:g} "
+                             "round trips per second")
+        out.append((value, False))
+    return tuple(dict.fromkeys(out))
+
+
+def parse_arrival(text: str) -> str:
+    from . import loadgen
+    value = text.strip().lower()
+    if value not in loadgen.ARRIVALS:
+        raise ValueError(f"{text!r} is not one of {', '.join(loadgen.ARRIVALS)}")
+    return value
+
+
+def parse_pipeline(text: str) -> int:
+    from . import loadgen
+    value = parse_positive_int(text)
+    if value > loadgen.MAX_PIPELINE:
+        raise ValueError(f"{text!r}: at most {loadgen.MAX_PIPELINE} messages in flight per connection")
+    return value
+
+
 def parse_reference(text: str) -> str:
     value = text.strip().lower()
     if value not in REFERENCE_MODES:
@@ -290,6 +330,14 @@ class Profile:
     variants: Tuple[Tuple[str, int, int, str, str], ...] = ()
     least: int = 3        #: rounds every case measures before it may stop early
     agree: float = 0.0    #: ... once its clean rounds agree within this share (0: never early)
+    #: the open-loop family (test_openloop.py): its scales, implementations (when --pcb-impl is
+    #: not given), rates (shares of each implementation's closed-loop maximum), rounds, and
+    #: seconds per round at the asked rate
+    openloop_cases: Tuple[Tuple[int, int, str], ...] = ((100, 64, "tcp"),)
+    openloop_impls: Tuple[str, ...] = ()
+    openloop_rates: Tuple[Tuple[float, bool], ...] = ((0.25, True), (0.5, True), (0.75, True), (0.9, True))
+    openloop_rounds: int = 3
+    openloop_seconds: float = 1.0
 
     def messages_for(self, connections: int, size: int) -> int:
         """Round trips per round: ~20 per connection (fewer from 3,000 connections on, where
@@ -318,7 +366,8 @@ def _profile_quick() -> Profile:
     # loopback TCP, so the concurrency model's own cost shows far more clearly.
     cases = tuple((c, 64, "tcp") for c in (10, 100, 1000)) + ((100, 64, "unix"),)
     # A case stops after 3 rounds when they agree within 3 % (rounds.Plan): most quiet cases do.
-    return Profile(cases=cases, rounds=5, min_messages=20_000, variants=PRISTINE_VARIANTS, agree=0.03)
+    return Profile(cases=cases, rounds=5, min_messages=20_000, variants=PRISTINE_VARIANTS, agree=0.03,
+                   openloop_impls=OPENLOOP_IMPLS)
 
 
 def _profile_full() -> Profile:
@@ -331,7 +380,11 @@ def _profile_full() -> Profile:
     cases = [(c, 64, "tcp") for c in counts]
     cases += [(10, s, "tcp") for s in (1024, 10 * 1024, 100 * 1024)]
     cases += [(c, 64, "unix") for c in (10, 100)]
-    return Profile(cases=tuple(cases), rounds=7, min_messages=50_000, variants=PRISTINE_VARIANTS)
+    return Profile(cases=tuple(cases), rounds=7, min_messages=50_000, variants=PRISTINE_VARIANTS,
+                   openloop_cases=tuple((c, 64, "tcp") for c in (10, 100, 1000) if c <= top),
+                   openloop_impls=OPENLOOP_IMPLS,
+                   openloop_rates=tuple((f, True) for f in (0.1, 0.25, 0.5, 0.75, 0.9)),
+                   openloop_rounds=5, openloop_seconds=2.0)
 
 
 #: The allocator-sensitive implementations, shown also in the pristine state at 100 connections,
@@ -341,6 +394,10 @@ def _profile_full() -> Profile:
 PRISTINE_VARIANTS = tuple((impl, 100, 64, "tcp", "pristine")
                           for impl in ("asyncio_protocol", "asyncio_streams", "anyio"))
 
+
+#: The open-loop family's implementations when --pcb-impl is not given: the native baseline and
+#: one of each kind of model (event loop in C, asyncio's own, greenlets, a thread per connection).
+OPENLOOP_IMPLS = ("native_epoll", "uvloop_protocol", "asyncio_protocol", "asyncio_streams", "gevent", "threads")
 
 PROFILES: Dict[str, Callable[[], Profile]] = {"quick": _profile_quick, "full": _profile_full}
 
@@ -421,6 +478,14 @@ OPTIONS: Dict[str, Tuple[Callable[[str], Any], Optional[str], str, str]] = {
                              "SECONDS"),
     "connect-rate": (parse_rate, None, "open the connections at this many a second (default: unpaced, up to "
                      "512 connects in flight): for servers with a small listen backlog", "PER_SECOND"),
+    "pipeline": (parse_pipeline, "1", "messages in flight per connection: 1 is ping-pong; more pipelines them "
+                 "(each echo still verified, in order); other than 1 adds -pK to the test id", "K"),
+    "rate": (parse_open_rates, None, "the open-loop family's rates (test_openloop.py): shares of each "
+             "implementation's closed-loop maximum, measured first in the same run (25%%,50%%,90%%), or round "
+             "trips per second over all connections (20000, 20k) (default: the profile's: quick "
+             "25%%,50%%,75%%,90%%, full 10%%,25%%,50%%,75%%,90%%)", "RATES"),
+    "arrival": (parse_arrival, "uniform", "how the open loop spreads each connection's sends: uniform "
+                "(evenly spaced, staggered over the connections) or poisson (exponential gaps)", "NAME"),
     "allow-machine-change": (parse_bool, "no", "gate even when the baseline's CPU model, CPU count, kernel "
                              "or Python differ from this machine's", "yes|no"),
 }
@@ -458,6 +523,12 @@ class Settings:
     server_name: str = ""  # its name in test ids
     server_ready_timeout: float = 15.0
     connect_rate: float = 0.0  # connects per second, 0: unpaced
+    pipeline: int = 1  # messages in flight per connection
+    #: the open-loop family: its scales, implementations and rates ((value, relative), ...)
+    openloop_cases: Tuple[Tuple[int, int, str], ...] = ()
+    openloop_impls: Tuple[str, ...] = ()
+    rates: Tuple[Tuple[float, bool], ...] = ()
+    arrival: str = "uniform"
 
     def plan(self, most: int, profile: Optional[Profile] = None) -> Any:
         """How many rounds a case whose profile measures ``most`` runs (rounds.Plan): exactly
@@ -587,6 +658,14 @@ def resolve(raw: Callable[[str], Tuple[Optional[str], str]]) -> Settings:
         server_name=server_name,
         server_ready_timeout=values["server-ready-timeout"],
         connect_rate=values["connect-rate"] or 0.0,
+        pipeline=values["pipeline"],
+        # the open loop runs at the given scales, else the profile's (fewer than the echo family's)
+        openloop_cases=tuple(dict.fromkeys(cases)) if (conns or sizes or transports) else tuple(
+            c for c in profile.openloop_cases if c[0] <= top),
+        openloop_impls=impls if sources["impl"] != "default" or values["server-cmd"] is not None else tuple(
+            i for i in profile.openloop_impls if i in impls),
+        rates=values["rate"] or profile.openloop_rates,
+        arrival=values["arrival"],
     )
 
 

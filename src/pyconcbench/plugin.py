@@ -12,12 +12,14 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
 
-from . import echo, fixtures, gate_plugin, machine, micro, options, procs, progress, rounds
+from . import echo, fixtures, gate_plugin, machine, micro, openloop, options, procs, progress, rounds
 from . import zmq as pcbzmq
-from .fixtures import AB_KEY, CALL_FAILED_KEY, CEILING_KEY, RESULTS_KEY, SETTINGS_KEY, SWITCH_KEY
+from .fixtures import (AB_KEY, CALL_FAILED_KEY, CEILING_KEY, OPENLOOP_KEY, RESULTS_KEY, SETTINGS_KEY,
+                       SWITCH_KEY)
 from .options import Settings
 from .report.ab_tables import families as ab_families, table_lines as ab_table
 from .report.echo_tables import ceiling_table, echo_table, explain_table, syscall_table
+from .report.openloop_tables import table as openloop_table
 from .report.switch_tables import table as switch_table
 
 
@@ -66,6 +68,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[CEILING_KEY] = []
     config.stash[SWITCH_KEY] = []
     config.stash[AB_KEY] = []
+    config.stash[OPENLOOP_KEY] = []
     config.pluginmanager.register(fixtures, "pyconcbench-fixtures")
     config.pluginmanager.register(gate_plugin, "pyconcbench-gate-markers")  # the pcb_fail_on marker's hooks
     if settings.fail_on:
@@ -123,7 +126,12 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     function's name without ``test_`` (test_switch, test_create, test_handoff, test_depth)."""
     names = metafunc.fixturenames
     settings = metafunc.config.stash[SETTINGS_KEY]
-    if "echo_case" in names:
+    if "openloop_case" in names:
+        # the open loop runs on the echo fixtures' server: each case names its echo case too
+        metafunc.parametrize(("openloop_case", "echo_case"), [
+            pytest.param(c, c.echo, id=c.id, marks=pytest.mark.benchmark(group=c.group, timer=rounds.ROUND_CLOCK))
+            for c in openloop.openloop_cases(settings)])
+    elif "echo_case" in names:
         metafunc.parametrize("echo_case", [_bench_param(c, c.group) for c in echo.echo_cases(settings)])
     if "ceiling_connections" in names:
         metafunc.parametrize("ceiling_connections", [
@@ -151,6 +159,8 @@ def item_impls(item: pytest.Item) -> Tuple[str, ...]:
     case = params.get("echo_case")
     if case is not None and not case.plain:
         out.append(case.impl)
+    if "openloop_case" in params:
+        out.append("openloop")
     case = params.get("zmq_case")
     if case is not None:
         out.append(case.mode)
@@ -236,6 +246,11 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         terminalreporter.write_sep("-", "pyconcbench echo results")
         for line in (echo_table(rows or []) + explain_table(rows or []) + syscall_table(rows or [])
                      + ceiling_table(ceiling or [])):
+            terminalreporter.write_line(line)
+    open_rows = config.stash.get(OPENLOOP_KEY, None)
+    if open_rows:
+        terminalreporter.write_sep("-", "pyconcbench open loop (latency at a fixed offered rate)")
+        for line in openloop_table(open_rows):
             terminalreporter.write_line(line)
     ab_rows = config.stash.get(AB_KEY, None)
     if ab_rows:

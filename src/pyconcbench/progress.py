@@ -23,13 +23,15 @@ from . import metrics
 
 #: Rough seconds per benchmark when no saved run has it (the quick profile on a 2-vCPU VM:
 #: echo 188 s for 104 cases, switch 60 s for 84, ZeroMQ 52 s for 43, the ceiling 12 s for 2).
-DEFAULT_SECONDS = {"echo": 1.6, "switch": 0.7, "zmq": 1.2, "ceiling": 6.0}
+DEFAULT_SECONDS = {"echo": 1.6, "switch": 0.7, "zmq": 1.2, "ceiling": 6.0, "openloop": 4.5}
 #: How many seconds of estimates the scale of the time left leans on before the measured ones.
 PRIOR_SECONDS = 30.0
 #: Saved runs read for the estimate (the newest first): enough to find the last full run.
 RUNS_READ = 5
 
-FAMILY_PARAMS = {"echo_case": "echo", "zmq_case": "zmq", "switch_case": "switch", "ceiling_connections": "ceiling"}
+# (the open loop's cases carry an echo_case too: its own parameter is looked at first)
+FAMILY_PARAMS = {"openloop_case": "openloop", "echo_case": "echo", "zmq_case": "zmq", "switch_case": "switch",
+                 "ceiling_connections": "ceiling"}
 
 
 def item_family(item: pytest.Item) -> Optional[str]:
@@ -43,6 +45,8 @@ def item_family(item: pytest.Item) -> Optional[str]:
 
 def default_seconds(item: pytest.Item, family: str) -> float:
     case = item.callspec.params.get("echo_case")
+    if family == "openloop":
+        return DEFAULT_SECONDS["openloop"] + case.connections / 2000
     if case is not None:  # more connections: longer to connect, and fewer, longer rounds
         return DEFAULT_SECONDS["echo"] + case.connections / 2000
     return DEFAULT_SECONDS[family]
@@ -105,6 +109,11 @@ def summary(family: str, item: pytest.Item, info: Dict[str, Any]) -> str:
                 return head
             return f"{head:<52} B/A msgs/s {ratio:.3f}" + (f" [{low:.3f}, {high:.3f}]" if low and high else "")
         return f"{head:<52}{_rate(info, 'msgs_per_s', 'msgs/s')}{tail}"
+    if family == "openloop":
+        case = params["openloop_case"]
+        head = f"open {case.echo.label} {case.echo.scale.replace('-', ' ')} at {case.rate_label}"
+        held = "" if info.get("rate_held", True) else "  rate not held"
+        return f"{head:<52}{_rate(info, 'msgs_per_s', 'msgs/s')}{held}{tail}"
     if family == "zmq":
         return f"{'zmq ' + params['zmq_case'].id:<52}{_rate(info, 'requests_per_s', 'req/s')}{tail}"
     if family == "switch":

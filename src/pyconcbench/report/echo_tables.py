@@ -72,8 +72,8 @@ def size_label(size: int) -> str:
     return f"{size}B"
 
 
-def _scale_key(row: Dict[str, Any]) -> Tuple[str, int, int]:
-    return (row["transport"], row["size"], row["connections"])
+def _scale_key(row: Dict[str, Any]) -> Tuple[str, int, int, int]:
+    return (row["transport"], row["size"], row["connections"], row.get("pipeline") or 1)
 
 
 def _fmt(value: Optional[float], spec: str) -> str:
@@ -81,17 +81,18 @@ def _fmt(value: Optional[float], spec: str) -> str:
 
 
 def echo_table(rows: Iterable[Dict[str, Any]]) -> List[str]:
-    groups: Dict[Tuple[str, int, int], List[Dict[str, Any]]] = {}
+    groups: Dict[Tuple[str, int, int, int], List[Dict[str, Any]]] = {}
     for row in rows:
         groups.setdefault(_scale_key(row), []).append(row)
     header = (f"{'implementation':<{WIDTH}} {'msgs/s':>11} {'x native':>8} {'p50 us':>8} {'p99 us':>8} "
               f"{'srv us/msg':>10} {'overhead':>8} {'user%':>5} {'srv cpu':>7} {'lg cpu':>6} {'KiB/conn':>8}  notes")
     lines: List[str] = []
-    for (transport, size, conns), group in sorted(groups.items()):
+    for (transport, size, conns, pipeline), group in sorted(groups.items()):
         group.sort(key=lambda r: -r["msgs_per_s"])
         base = next((r for r in group if r.get("label", r["impl"]) == BASELINE), None)
         lines.append("")
-        lines.append(f"echo {conns} connections x {size_label(size)} over {transport}")
+        lines.append(f"echo {conns} connections x {size_label(size)} over {transport}"
+                     + (f", {pipeline} in flight per connection" if pipeline != 1 else ""))
         lines.append(header)
         for r in group:
             notes = []

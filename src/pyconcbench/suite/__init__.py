@@ -11,7 +11,8 @@ import os
 #: The folder of the suite's test files.
 SUITE_DIR = os.path.dirname(os.path.abspath(__file__))
 #: The suite's files by family name (``pyconcbench run --family``, ``pyconcbench ab --tests``).
-FILES = {"echo": "test_echo.py", "switch": "test_switch.py", "zmq": "test_zmq.py", "ceiling": "test_ceiling.py"}
+FILES = {"echo": "test_echo.py", "openloop": "test_openloop.py", "switch": "test_switch.py", "zmq": "test_zmq.py",
+         "ceiling": "test_ceiling.py"}
 
 
 def path(family: str) -> str:
