@@ -329,3 +329,26 @@ def test_netem_goes_on_the_namespaces_lo_only(monkeypatch):
         netsim.Namespace(netsim.parse_network("netns:delay=1ms")).create()
     assert calls[-1] == ["ip", "netns", "del", calls[0][3]]
     assert netsim.unavailable(netsim.parse_network("netns:delay=2ms")).endswith("modprobe sch_netem)")
+
+
+def _row(impl, rate, p50, network="local", delay=0, **more):
+    return {"impl": impl, "label": impl + netsim.parse_network(network).label, "connections": 10, "size": 64,
+            "transport": "tcp", "msgs_per_s": rate, "latency_p50_us": p50, "latency_p99_us": 2 * p50,
+            "server_cpu_us_per_msg": 5.0, "server_cpu_share": 0.5, "loadgen_cpu_share": 0.5,
+            "network": network, "network_delay_us": delay, **more}
+
+
+def test_the_table_shows_local_and_remote_side_by_side():
+    from pyconcbench.report.echo_tables import echo_table
+    net = "netns:delay=200us"
+    lines = echo_table([_row("native_epoll", 150_000, 60.0), _row("asyncio_protocol", 100_000, 80.0),
+                        _row("native_epoll", 20_000, 480.0, net, 200, network_rtt_us=431.0),
+                        _row("asyncio_protocol", 19_000, 500.0, net, 200, network_rtt_us=433.0)])
+    rows = {line[:38].strip(): line for line in lines if line[:38].strip() and not line.startswith(("echo", "impl"))}
+    assert set(rows) == {"native_epoll", "asyncio_protocol", "native_epoll+netns(200us)",
+                         "asyncio_protocol+netns(200us)"}
+    assert rows["asyncio_protocol"].split()[2] == "0.67"  # x native: against native_epoll over the same network
+    assert rows["asyncio_protocol+netns(200us)"].split()[2] == "0.95"
+    assert ("netns: +400 us per round trip by netem (2 x 200 us); probe round trip 433 us; 0.19x local, p50 +420 us"
+            in rows["asyncio_protocol+netns(200us)"])
+    assert "netns" not in rows["asyncio_protocol"]
