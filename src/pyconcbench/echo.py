@@ -7,14 +7,15 @@ extra_info saved with the benchmark).  No pytest here: the plugin wires these to
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
-from . import explain, harness, instruments, loadgen, machine, metrics, plain, rounds, servers, syscalls
+from . import explain, harness, instruments, loadgen, machine, metrics, netsim, plain, rounds, servers, syscalls
 from .options import PROFILES, Settings, per_connection
 from .report.echo_tables import size_label
 
@@ -29,7 +30,8 @@ class EchoCase:
     (``pyconcbench.plain``) instead of the project's; ``command``: a program the user brings
     (``harness.CommandServer``), named ``impl``; ``count_alloc``: count the server's
     allocator syscalls in one untimed round after the measured ones (set where a run compares
-    allocator states)."""
+    allocator states); ``network``: where the server and the load generator talk
+    (``netsim.Network``: the local loopback, or a namespace of their own with netem on its lo)."""
 
     impl: str
     connections: int
@@ -43,6 +45,7 @@ class EchoCase:
     command: Optional[str] = None
     #: messages in flight per connection (--pcb-pipeline): 1 is ping-pong
     pipeline: int = 1
+    network: netsim.Network = netsim.LOCAL
 
     @property
     def scale(self) -> str:
@@ -53,25 +56,30 @@ class EchoCase:
 
     @property
     def id(self) -> str:
-        """Baseline key: ``[plain_]impl-cN-SIZE[-pK][-unix][-malloc_STATE]``."""
+        """Baseline key: ``[plain_]impl-cN-SIZE[-pK][-unix][-malloc_STATE][-netns_dDELAY[_rRATE]]``."""
         suffix = "" if self.malloc == harness.MALLOC_DEFAULT else f"-malloc_{self.malloc}"
         prefix = plain.PREFIX if self.plain else ""
-        return f"{prefix}{self.impl}-{self.scale}{suffix}"
+        return f"{prefix}{self.impl}-{self.scale}{suffix}{self.network.id_suffix}"
 
     @property
     def label(self) -> str:
-        """The implementation as the summary table names it: ``impl[+plain][+STATE_malloc]``."""
+        """The implementation as the summary table names it:
+        ``impl[+plain][+STATE_malloc][+netns(DELAY[,RATE])]``."""
         label = self.impl + ("+plain" if self.plain else "")
-        return label if self.malloc == harness.MALLOC_DEFAULT else f"{label}+{self.malloc}_malloc"
+        label = label if self.malloc == harness.MALLOC_DEFAULT else f"{label}+{self.malloc}_malloc"
+        return label + self.network.label
 
     @property
     def counterpart(self) -> Optional["EchoCase"]:
         """The case this one is compared with: a plain server's project counterpart, a special
-        allocator state's representative one; None for a representative project case."""
+        allocator state's representative one, a simulated network's local one; None for a
+        representative project case on the local loopback."""
         if self.plain:
             return dataclasses.replace(self, plain=False)
         if self.malloc != harness.MALLOC_DEFAULT:
             return dataclasses.replace(self, malloc=harness.MALLOC_DEFAULT)
+        if not self.network.local:
+            return dataclasses.replace(self, network=netsim.LOCAL)
         return None
 
     @property
@@ -82,9 +90,14 @@ class EchoCase:
 def echo_cases(settings: Settings) -> List[EchoCase]:
     """Every echo case of a run, in the order measured: per scale, each implementation in each
     allocator state, then (where --pcb-reference puts one) its plain reference server, so that a
-    server and what it is compared with run back to back."""
+    server and what it is compared with run back to back.  A simulated network (--pcb-network)
+    repeats the chosen allocator states of the project's and the command's servers over TCP;
+    the plain references and the profile's variants stay local."""
     out: List[EchoCase] = []
+    remote = [n for n in settings.networks if not n.local]
+    local = not settings.networks or any(n.local for n in settings.networks)
     for conns, size, transport in settings.cases:
+        before = len(out)
         reference = settings.reference == "all" or (settings.reference == "auto" and (conns, size, transport) == (100, 64, "tcp"))
         for impl in settings.impls:
             mallocs = list(settings.mallocs) + [v[4] for v in settings.variants
@@ -99,19 +112,27 @@ def echo_cases(settings: Settings) -> List[EchoCase]:
             out += [EchoCase(settings.server_name, conns, size, transport, malloc, command=settings.server_cmd,
                              pipeline=settings.pipeline)
                     for malloc in settings.mallocs]
+        if transport == "tcp" and remote:
+            chosen = [c for c in out[before:] if not c.plain and c.malloc in settings.mallocs]
+            if local:  # each one's network variants right after it: they run back to back
+                for case in chosen:
+                    at = out.index(case) + 1
+                    out[at:at] = [dataclasses.replace(case, network=n) for n in remote]
+            else:  # only simulated networks asked for: the scale's local cases are not run
+                out[before:] = [dataclasses.replace(c, network=n) for c in chosen for n in remote]
     # Where a run compares allocator states of a server, count their allocator syscalls.
-    states: Dict[Tuple[str, int, int, str], int] = {}
+    states: Dict[Tuple[Any, ...], int] = {}
     for case in out:
-        key = (case.impl, case.connections, case.size, case.transport)
+        key = (case.impl, case.connections, case.size, case.transport, case.network)
         states[key] = states.get(key, 0) + (not case.plain)
-    out = [dataclasses.replace(c, count_alloc=states[(c.impl, c.connections, c.size, c.transport)] > 1)
+    out = [dataclasses.replace(c, count_alloc=states[(c.impl, c.connections, c.size, c.transport, c.network)] > 1)
            for c in out]
     if not settings.explain:
         return out
     # One traced round per implementation: at 100 connections x 64 B over TCP when the run has
     # it (where every implementation is compared), else at its first representative case.
-    def rank(case: EchoCase) -> Tuple[bool, bool]:  # representative first, then c100-64B
-        return case.malloc == harness.MALLOC_DEFAULT, case.scale == "c100-64B"
+    def rank(case: EchoCase) -> Tuple[bool, bool, bool]:  # representative first, then c100-64B, then local
+        return case.malloc == harness.MALLOC_DEFAULT, case.scale == "c100-64B", case.network.local
 
     chosen: Dict[str, int] = {}
     for i, case in enumerate(out):
@@ -304,10 +325,42 @@ class EchoRunner:
         """The allocator record over one traced round of the allocator's calls only."""
         return self.allocator_record(*self.traced_round(session, syscalls.ALLOCATOR))
 
+    @contextlib.contextmanager
+    def session(self) -> Iterator[loadgen.LoadSession]:
+        """The load generator's connections, made in the server's network namespace (its
+        ``netns``; this thread enters it for the connects only), warmed up, closed at the end."""
+        netns = getattr(self.server, "netns", None)  # a stand-in server may have none
+        if netns is None:
+            with loadgen.LoadSession(self.spec) as session:
+                yield session
+            return
+        session = loadgen.LoadSession(self.spec)
+        try:
+            with netsim.entered(netns):
+                session.open()
+        except netsim.NetworkError as exc:
+            raise harness.ServerError(f"{self.case.id}: {exc}") from None
+        try:
+            session.warmup()
+            yield session
+        finally:
+            session.close()
+
+    def probe_network(self) -> Optional[float]:
+        """The round trip of one byte over a fresh loopback connection where this case's load
+        runs (``netsim.round_trip_us``), in microseconds; None on the local loopback."""
+        if self.case.network.local:
+            return None
+        try:
+            return netsim.round_trip_us(getattr(self.server, "netns", None))
+        except netsim.NetworkError as exc:
+            raise harness.ServerError(f"{self.case.id}: {exc}") from None
+
     def run(self, benchmark: Any) -> "EchoOutcome":
         counts = None
+        rtt = self.probe_network()
         self.read_idle_rss()
-        with loadgen.LoadSession(self.spec) as session:
+        with self.session() as session:
             self.read_connected_rss()
             counter = None
             if self.settings.syscalls:
@@ -331,6 +384,8 @@ class EchoRunner:
             elif self.case.count_alloc:
                 alloc = self.count_allocator(session)
         outcome = EchoOutcome.from_records(self, session.connect_seconds)
+        if rtt is not None:
+            outcome.extra["network_rtt_us"] = rtt
         if alloc is not None:
             outcome.extra.update(alloc)
         if self.spec.connect_rate:
@@ -412,6 +467,7 @@ class EchoOutcome:
             "label": case.label,
             "malloc": case.malloc,
             "plain": case.plain,
+            **case.network.as_dict(),
             "malloc_probe_at_start": (server.ready or {}).get("malloc_probe"),
             "connections": case.connections,
             "size": case.size,

@@ -23,7 +23,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import pytest
 
-from . import ab, echo, harness, instruments, loadgen, micro, openloop, options
+from . import ab, echo, harness, instruments, loadgen, micro, netsim, openloop, options
 from . import zmq as pcbzmq
 from .echo import EchoCase, EchoOutcome, EchoRunner
 from .options import Settings
@@ -118,10 +118,13 @@ def _call(fn: Callable[[], Any], skip: Tuple[type, ...], fail: Tuple[type, ...],
 # ---- echo -----------------------------------------------------------------------------------
 
 def _start_echo_server(case: EchoCase, settings: Settings, python: Optional[str] = None,
-                       env: Optional[Dict[str, str]] = None, side: str = "") -> harness.ServerProcess:
+                       env: Optional[Dict[str, str]] = None, side: str = "",
+                       netns: Optional[str] = None) -> harness.ServerProcess:
     cpus = settings.cpus
     kind = harness.PlainServer if case.plain else harness.ServerProcess
     extra: Dict[str, Any] = {}
+    if netns is not None:
+        extra["netns"] = netns
     if python is not None:
         extra["python"] = python
     if env:
@@ -159,12 +162,19 @@ def _start_echo_server(case: EchoCase, settings: Settings, python: Optional[str]
 def echo_servers(request: pytest.FixtureRequest, echo_case: EchoCase,
                  pcb_settings: Settings) -> Dict[str, harness.ServerProcess]:
     """The server processes under test for this case, pinned to the server CPU: {"": one} in a
-    normal run, {"a": A's, "b": B's} in an interleaved A/B run (--pcb-ab-a/--pcb-ab-b)."""
+    normal run, {"a": A's, "b": B's} in an interleaved A/B run (--pcb-ab-a/--pcb-ab-b).  A case
+    over a simulated network (--pcb-network netns...) gets a network namespace of its own, the
+    server in it, removed after the server stopped; what it needs missing here is a skip."""
     _call(lambda: loadgen.ensure_fd_limit(echo_case.connections), (), (loadgen.FdLimitError,))
     started: Dict[str, harness.ServerProcess] = {}
+    namespace: Optional[netsim.Namespace] = None
     try:
+        if not echo_case.network.local:
+            namespace = _call(netsim.Namespace(echo_case.network).create, (netsim.NetworkUnavailable,),
+                              (netsim.NetworkError,), f"{echo_case.id}: ", settings=pcb_settings)
         if pcb_settings.ab is None:
-            started[""] = _start_echo_server(echo_case, pcb_settings)
+            started[""] = _start_echo_server(echo_case, pcb_settings,
+                                             netns=namespace.path if namespace is not None else None)
         else:
             for side, environment in pcb_settings.ab.items():
                 started[side] = _start_echo_server(echo_case, pcb_settings, environment.python,
@@ -180,6 +190,11 @@ def echo_servers(request: pytest.FixtureRequest, echo_case: EchoCase,
                 if failure is None and not (request.node.stash.get(SERVER_REPORTED_KEY, False)
                                             or request.node.stash.get(CALL_FAILED_KEY, False)):
                     failure = f"{echo_case.id}: " + (f"A/B side {side.upper()}: " if side else "") + str(exc)
+        if namespace is not None:
+            try:
+                namespace.remove()
+            except netsim.NetworkError as exc:
+                failure = failure or f"{echo_case.id}: {exc}"
         if failure is not None:
             _fail(failure)
 

@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
-from pyconcbench import instruments, loopback, plain, procs, servers
+from pyconcbench import instruments, loopback, netsim, plain, procs, servers
 from pyconcbench.serve import Unusable, implementation_hook
 
 STDERR_TAIL_LINES = 20
@@ -191,7 +191,9 @@ class ServerProcess:
     ``python`` is the interpreter to run it with (another venv, another Python version);
     ``malloc`` the allocator state it is measured in (see ``MALLOC_STATES``): unless
     ``pristine``, ``start()`` ends with the pre-flight connections, and the counts of the usage
-    report leave them out.
+    report leave them out.  ``netns``: the path of a network namespace (``pyconcbench.netsim``)
+    the server runs in, entered before exec; the harness's own connections to it (pre-flight,
+    readiness) are made there too, and so must the load generator's.
     """
 
     def __init__(
@@ -207,6 +209,7 @@ class ServerProcess:
         env: Optional[dict] = None,
         python: str = sys.executable,
         malloc: str = MALLOC_DEFAULT,
+        netns: Optional[str] = None,
     ) -> None:
         if transport not in ("tcp", "unix"):
             raise ValueError("transport must be 'tcp' or 'unix', not %r" % (transport,))
@@ -231,6 +234,7 @@ class ServerProcess:
         if malloc == "tuned":
             self.env.update(MALLOC_TUNED_ENV)
         self.python = python
+        self.netns = netns
         self.ready: Optional[dict] = None
         self._child: Optional[procs.Child] = None
         self._tmpdir: Optional[str] = None
@@ -280,7 +284,8 @@ class ServerProcess:
         # not be (measured: READY's malloc_probe 'heap' instead of 'mmap').  Let it cache them.
         env.pop("PYTHONDONTWRITEBYTECODE", None)
         env.update(self.env)
-        self._child = procs.Child(self.argv(), env=env, cpu=self._exec_cpu(), tmpdir=self._tmpdir)
+        self._child = procs.Child(self.argv(), env=env, cpu=self._exec_cpu(), tmpdir=self._tmpdir,
+                                  netns=self.netns)
         try:
             self._child.start()
         except procs.ChildError as exc:
@@ -317,7 +322,7 @@ class ServerProcess:
         deadline = time.monotonic() + PREFLIGHT_TIMEOUT
         for _ in range(connections):
             try:
-                with socket.socket(family, socket.SOCK_STREAM) as sock:
+                with self.client_socket(family) as sock:
                     sock.settimeout(max(0.1, deadline - time.monotonic()))
                     sock.connect(address)
                     sock.sendall(PREFLIGHT_MESSAGE)
@@ -334,6 +339,15 @@ class ServerProcess:
                 raise ServerError(self._with_stderr("server %r echoed %r to the pre-flight message"
                                                     % (self.impl, got[:80])))
             self.preflight_connections += 1
+
+    def client_socket(self, family: int) -> socket.socket:
+        """A stream socket made in the server's network namespace (``netns``; here without one),
+        to connect to it; ServerError (one line) when the namespace cannot be entered."""
+        try:
+            with netsim.entered(self.netns):
+                return socket.socket(family, socket.SOCK_STREAM)
+        except netsim.NetworkError as exc:
+            raise ServerError("server %r: %s" % (self.impl, exc)) from None
 
     def _wait_ready(self) -> dict:
         try:
@@ -757,7 +771,7 @@ class CommandServer(ServerProcess):
             self._tmpdir = procs.make_tmpdir("cmd")  # removed with the child (procs.Child)
             path = os.path.join(self._tmpdir, "echo.sock")
         if self.placeholder == "{port}":
-            host, port = self.host, _free_port(self.host)
+            host, port = self.host, _in_namespace(self.netns, _free_port, self.host)
             value = str(port)
             self.where = "%s:%d" % (host, port) if ":" not in host else "[%s]:%d" % (host, port)
         elif self.placeholder == "{unix}":
@@ -765,7 +779,7 @@ class CommandServer(ServerProcess):
             self.where = path
         else:
             try:
-                self._listener = _listening_socket(self.transport, self.host, path)
+                self._listener = _in_namespace(self.netns, _listening_socket, self.transport, self.host, path)
             except OSError as exc:
                 raise ServerError("cannot listen on %s for server command %r: %s"
                                   % (path or self.host, self.command, exc)) from None
@@ -784,7 +798,7 @@ class CommandServer(ServerProcess):
         env.update(self.env)
         self.command = shlex.join(argv)
         self._child = procs.Child(argv, env=env, cpu=self._exec_cpu(), tmpdir=self._tmpdir,
-                                  pass_fds=pass_fds, stdout_to_stderr=True)
+                                  pass_fds=pass_fds, stdout_to_stderr=True, netns=self.netns)
         try:
             try:
                 self._child.start()
@@ -812,7 +826,7 @@ class CommandServer(ServerProcess):
         while True:
             self._raise_if_exited()
             try:
-                with socket.socket(family, socket.SOCK_STREAM) as sock:
+                with self.client_socket(family) as sock:
                     sock.settimeout(1.0)
                     sock.connect(address)
                 self._raise_if_exited()  # {fd}: the socket listens from the start; is it still there?
@@ -899,6 +913,16 @@ class CommandServer(ServerProcess):
 
 class _ExitedEarly(ServerError):
     """A command server that exited before it listened (started once more when on {port})."""
+
+
+def _in_namespace(netns: Optional[str], fn, *args):
+    """``fn(*args)`` with this thread in the network namespace ``netns`` (None: here); its
+    NetworkError as a ServerError."""
+    try:
+        with netsim.entered(netns):
+            return fn(*args)
+    except netsim.NetworkError as exc:
+        raise ServerError(str(exc)) from None
 
 
 def _free_port(host: str) -> int:

@@ -116,7 +116,7 @@ class OpenLoopRunner(EchoRunner):
     def run(self, benchmark: Any) -> EchoOutcome:
         case = self.olcase
         self.read_idle_rss()
-        with loadgen.LoadSession(self.spec) as session:
+        with self.session() as session:
             self.read_connected_rss()
             if case.relative:
                 self.maximum = self.closed_loop_max(session)

@@ -204,6 +204,12 @@ def parse_pipeline(text: str) -> int:
     return value
 
 
+def parse_networks(text: str) -> Tuple[Any, ...]:
+    """'local,netns:delay=200us' -> netsim.Network values (see pyconcbench.netsim)."""
+    from . import netsim
+    return netsim.parse_networks(text)
+
+
 def parse_reference(text: str) -> str:
     value = text.strip().lower()
     if value not in REFERENCE_MODES:
@@ -424,6 +430,11 @@ OPTIONS: Dict[str, Tuple[Callable[[str], Any], Optional[str], str, str]] = {
                "profile's pristine variants)", "LIST"),
     "reference": (parse_reference, "auto", "where the plain reference servers (pyconcbench.plain) run beside "
                   "their project counterparts: auto (100 connections, 64 B, TCP), all (every case), none", "WHERE"),
+    "network": (parse_networks, "local", "where each echo server and the load generator talk, comma-separated to "
+                "compare: local (this machine's loopback), netns:delay=200us[,rate=1gbit] (a simulated remote server: "
+                "both in a network namespace of their own whose loopback delays every packet with netem, so a round "
+                "trip gains about 2x the delay; delay in us or ms, rate in kbit, mbit or gbit; needs root), netns (the "
+                "namespace alone); TCP cases only", "LIST"),
     "syscalls": (parse_bool, "no", "count the server's syscalls and context switches per round trip "
                  "(perf, else strace; slows the server)", "yes|no"),
     "agree": (parse_share, None, "stop a case after 3 rounds, before the profile's number, once its clean "
@@ -505,6 +516,7 @@ class Settings:
     mallocs: Tuple[str, ...] = ("representative",)
     variants: Tuple[Tuple[str, int, int, str, str], ...] = ()
     reference: str = "auto"
+    networks: Tuple[Any, ...] = ()  # netsim.Network values; () is local only
     syscalls: bool = False
     fail_on: Optional[str] = None
     fail_alpha: float = 0.05
@@ -640,6 +652,7 @@ def resolve(raw: Callable[[str], Tuple[Optional[str], str]]) -> Settings:
         variants=() if values["malloc"] else tuple(
             v for v in profile.variants if v[0] in impls and v[1:4] in cases),
         reference=values["reference"],
+        networks=_networks(values, sources, cases, ab_envs is not None),
         syscalls=values["syscalls"],
         fail_on=values["fail-on"],
         fail_alpha=values["fail-alpha"],
@@ -667,6 +680,21 @@ def resolve(raw: Callable[[str], Tuple[Optional[str], str]]) -> Settings:
         rates=values["rate"] or profile.openloop_rates,
         arrival=values["arrival"],
     )
+
+
+def _networks(values: Dict[str, Any], sources: Dict[str, str], cases: List[Tuple[int, int, str]],
+              ab_run: bool) -> Tuple[Any, ...]:
+    """--pcb-network's networks; OptionError (one line) for a simulated one in an A/B run, or
+    with no TCP case to put through it (a UNIX socket does not cross the network)."""
+    networks = values["network"]
+    remote = [n for n in networks if not n.local]
+    if remote and ab_run:
+        raise OptionError(f"{sources['network']}: {remote[0].spec} is not available in an A/B run: "
+                          "compare networks in a normal run")
+    if remote and not any(t == "tcp" for _, _, t in cases):
+        raise OptionError(f"{sources['network']}: {remote[0].spec} needs a TCP case (a UNIX socket does not cross "
+                          "the network): add --pcb-transport tcp")
+    return networks
 
 
 def _command_server(values: Dict[str, Any], sources: Dict[str, str], cases: List[Tuple[int, int, str]]) -> str:

@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
 
-from . import echo, fixtures, gate_plugin, machine, micro, openloop, options, procs, progress, rounds
+from . import echo, fixtures, gate_plugin, machine, micro, netsim, openloop, options, procs, progress, rounds
 from . import zmq as pcbzmq
 from .fixtures import (AB_KEY, CALL_FAILED_KEY, CEILING_KEY, OPENLOOP_KEY, RESULTS_KEY, SETTINGS_KEY,
                        SWITCH_KEY)
@@ -76,6 +76,8 @@ def pytest_configure(config: pytest.Config) -> None:
     if settings.require:
         config.pluginmanager.register(RequirePlugin(settings), RequirePlugin.NAME)
     procs.sweep_stale_tmpdirs()  # left behind by a run that was killed (SIGKILL) before its clean-up
+    if any(not n.local for n in settings.networks):
+        netsim.sweep_stale()  # the same for network namespaces (--pcb-network netns...)
     rounds.BUDGET.reset()  # the session's noise budget starts now
     if (config.option.verbose >= 0 and not config.option.collectonly
             and not config.getoption("benchmark_disable", False)):
@@ -234,6 +236,7 @@ def pytest_benchmark_update_machine_info(config: pytest.Config, machine_info: Di
             "profile": settings.profile, "rounds": settings.rounds or "by profile and scale",
             "cpus": list(settings.cpus) if settings.cpus else None,
             "pinning": settings.pinning_note, "noise_retries": settings.noise_retries,
+            "networks": [n.spec for n in settings.networks] or ["local"],
         }
         if settings.ab is not None:
             machine_info["pyconcbench"]["ab"] = {s: env.as_dict() for s, env in settings.ab.items()}

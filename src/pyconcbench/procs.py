@@ -17,7 +17,7 @@ to its process group.  Temporary directories are made by ``make_tmpdir`` with th
 pid in the name; ``sweep_stale_tmpdirs`` removes those of makers that are gone.
 
 The exit codes a child of ours reports, and what each means to the parent, are here too.
-No pytest, stdlib only.
+No pytest; stdlib only, and ``netsim`` to enter a network namespace.
 """
 from __future__ import annotations
 
@@ -34,6 +34,8 @@ import tempfile
 import time
 import weakref
 from typing import Any, Dict, List, Optional, Sequence
+
+from . import netsim
 
 #: Exit codes of our children (``pyconcbench.serve``, ``pyconcbench.zmq.server``).
 EXIT_OK = 0
@@ -256,13 +258,15 @@ class Child:
     file (``stderr_text``), else inherited; ``tmpdir``: a directory removed with the child;
     ``stdin_pipe``: its stdin a pipe for ``write_line`` (a line protocol), else /dev/null;
     ``stdout_to_stderr``: its stdout goes where its stderr goes (a program that is not ours and
-    may log freely: a pipe nobody reads would block it once full), no ``read_line``."""
+    may log freely: a pipe nobody reads would block it once full), no ``read_line``;
+    ``netns``: the path of a network namespace (``pyconcbench.netsim``) it enters before exec,
+    so every socket it makes is there (its pid stays its own: no ``ip netns exec`` in between)."""
 
     def __init__(self, argv: Sequence[str], *, env: Optional[Dict[str, str]] = None,
                  pass_fds: Sequence[int] = (), cpu: Optional[int] = None,
                  death_signal: int = signal.SIGTERM, capture_stderr: bool = True,
                  tmpdir: Optional[str] = None, stdin_pipe: bool = False,
-                 stdout_to_stderr: bool = False) -> None:
+                 stdout_to_stderr: bool = False, netns: Optional[str] = None) -> None:
         self.argv: List[str] = list(argv)
         self.env = dict(os.environ if env is None else env)
         self.env[PARENT_ENV] = str(os.getpid())
@@ -274,6 +278,7 @@ class Child:
         self.tmpdir = tmpdir
         self.stdin_pipe = stdin_pipe
         self.stdout_to_stderr = stdout_to_stderr
+        self.netns = netns
         self.proc: Optional[subprocess.Popen] = None
         self.out = b""  # read from its stdout, not yet consumed
         self.rusage: Any = None
@@ -295,8 +300,20 @@ class Child:
     def start(self) -> "Child":
         """Starts it; ChildError (one line) when it cannot be executed."""
         parent, cpu, signum = os.getpid(), self.cpu, self.death_signal
+        netns_fd = None
+        if self.netns is not None:
+            try:
+                netns_fd = netsim.open_namespace(self.netns)  # close-on-exec: gone once it runs
+            except netsim.NetworkError as exc:
+                raise ChildError(f"cannot start {self.argv[0]}: {exc}") from None
 
         def setup() -> None:  # in the child, between fork and exec
+            if netns_fd is not None:
+                try:
+                    netsim.setns(netns_fd)
+                except OSError as exc:  # said on its stderr (a file of ours by now), one line
+                    os.write(2, f"cannot enter network namespace {self.netns}: {exc.strerror}\n".encode())
+                    os._exit(EXIT_UNUSABLE)
             if cpu is not None:
                 os.sched_setaffinity(0, {cpu})
             set_parent_death_signal(signum)
@@ -316,6 +333,9 @@ class Child:
             if self._stderr is not None:
                 self._stderr.close()
             raise ChildError(f"cannot start {self.argv[0]}: {exc}") from None
+        finally:
+            if netns_fd is not None:
+                os.close(netns_fd)
         self._finalizer = weakref.finalize(self, _reap, self.proc.pid, self.proc, self._stderr, self.tmpdir)
         return self
 

@@ -23,13 +23,19 @@ HARNESS_EFFECT_BAND = (0.9, 1.1)
 def comparison_notes(row: Dict[str, Any], group: List[Dict[str, Any]]) -> List[str]:
     """What a row is compared with in its scale's group: a project server with its plain
     reference server (flagged outside HARNESS_EFFECT_BAND), a special allocator state with the
-    representative one, and the allocator syscalls per round trip where they were counted."""
+    representative one, a simulated network with the local loopback, and the allocator syscalls
+    per round trip where they were counted."""
     notes: List[str] = []
+    network = row.get("network", "local")
 
     def find(**want: Any) -> Optional[Dict[str, Any]]:
+        want.setdefault("network", (network, "local"))
         return next((r for r in group if all(r.get(k, d) == v for k, (v, d) in want.items())), None)
 
     impl, malloc = row["impl"], row.get("malloc", "representative")
+    if network != "local":
+        notes += network_notes(row, find(impl=(impl, None), plain=(bool(row.get("plain")), False),
+                                         malloc=(malloc, "representative"), network=("local", "local")))
     if not row.get("plain"):
         ref = find(impl=(impl, None), plain=(True, False), malloc=(malloc, "representative"))
         if ref and ref.get("msgs_per_s"):
@@ -64,6 +70,28 @@ def comparison_notes(row: Dict[str, Any], group: List[Dict[str, Any]]) -> List[s
     return notes
 
 
+def network_notes(row: Dict[str, Any], local: Optional[Dict[str, Any]]) -> List[str]:
+    """A row over a simulated network (--pcb-network netns...): what each round trip crossed,
+    the probe's round trip there, and the rate and p50 against the same server's local row."""
+    delay = row.get("network_delay_us") or 0
+    parts = [f"netns: +{2 * delay:,} us per round trip by netem (2 x {delay:,} us)" if delay
+             else "netns: the namespace alone (no qdisc)"]
+    if row.get("network_rtt_us") is not None:
+        parts.append(f"probe round trip {row['network_rtt_us']:,.0f} us")
+    if local and local.get("msgs_per_s") and row.get("msgs_per_s"):
+        parts.append(f"{row['msgs_per_s'] / local['msgs_per_s']:.2f}x local, "
+                     f"p50 {row['latency_p50_us'] - local['latency_p50_us']:+,.0f} us")
+    return ["; ".join(parts)]
+
+
+def baseline(row: Dict[str, Any], group: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    """The native_epoll row a row's "x native" and "overhead" are against: over the same network."""
+    network = row.get("network", "local")
+    return next((r for r in group if r["impl"] == BASELINE and not r.get("plain")
+                 and r.get("malloc", "representative") == "representative"
+                 and r.get("network", "local") == network), None)
+
+
 def size_label(size: int) -> str:
     """64 -> '64B', 1024 -> '1KiB', 1048576 -> '1MiB' (as in test ids and group names)."""
     for unit, n in (("MiB", 1 << 20), ("KiB", 1024)):
@@ -89,7 +117,6 @@ def echo_table(rows: Iterable[Dict[str, Any]]) -> List[str]:
     lines: List[str] = []
     for (transport, size, conns, pipeline), group in sorted(groups.items()):
         group.sort(key=lambda r: -r["msgs_per_s"])
-        base = next((r for r in group if r.get("label", r["impl"]) == BASELINE), None)
         lines.append("")
         lines.append(f"echo {conns} connections x {size_label(size)} over {transport}"
                      + (f", {pipeline} in flight per connection" if pipeline != 1 else ""))
@@ -107,6 +134,7 @@ def echo_table(rows: Iterable[Dict[str, Any]]) -> List[str]:
             if str(r.get("other_cpu_check", "ran")).startswith("unknown"):
                 notes.append("other processes' CPU unknown (/proc/stat unreadable)")
             notes += comparison_notes(r, group) + explain_notes(r)
+            base = baseline(r, group)
             ratio = r["msgs_per_s"] / base["msgs_per_s"] if base and base["msgs_per_s"] else None
             overhead = None
             if base and base.get("server_cpu_us_per_msg") is not None and r.get("server_cpu_us_per_msg") is not None:
