@@ -30,8 +30,8 @@ SPECTRUM = (0.0, 50.0, 75.0, 87.5, 93.75, 96.875, 98.4375, 99.0, 99.21875, 99.60
 HELD_SHARE = 0.95
 #: Round trips of a round at the least (a low rate still gives a spread of latencies).
 MIN_MESSAGES = 500
-#: Closed-loop rounds that measure an implementation's maximum before its first open-loop case.
-MAX_ROUNDS = 2
+#: Closed-loop rounds that measure an implementation's maximum before its first open-loop case (the best counts).
+MAX_ROUNDS = 3
 
 
 @dataclass(frozen=True)

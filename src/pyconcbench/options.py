@@ -341,7 +341,7 @@ class Profile:
     #: seconds per round at the asked rate
     openloop_cases: Tuple[Tuple[int, int, str], ...] = ((100, 64, "tcp"),)
     openloop_impls: Tuple[str, ...] = ()
-    openloop_rates: Tuple[Tuple[float, bool], ...] = ((0.25, True), (0.5, True), (0.75, True), (0.9, True))
+    openloop_rates: Tuple[Tuple[float, bool], ...] = ((0.25, True), (0.5, True), (0.9, True))
     openloop_rounds: int = 3
     openloop_seconds: float = 1.0
 
@@ -403,7 +403,7 @@ PRISTINE_VARIANTS = tuple((impl, 100, 64, "tcp", "pristine")
 
 #: The open-loop family's implementations when --pcb-impl is not given: the native baseline and
 #: one of each kind of model (event loop in C, asyncio's own, greenlets, a thread per connection).
-OPENLOOP_IMPLS = ("native_epoll", "uvloop_protocol", "asyncio_protocol", "asyncio_streams", "gevent", "threads")
+OPENLOOP_IMPLS = ("native_epoll", "uvloop_protocol", "asyncio_protocol", "gevent", "threads")
 
 PROFILES: Dict[str, Callable[[], Profile]] = {"quick": _profile_quick, "full": _profile_full}
 
@@ -494,7 +494,7 @@ OPTIONS: Dict[str, Tuple[Callable[[str], Any], Optional[str], str, str]] = {
     "rate": (parse_open_rates, None, "the open-loop family's rates (test_openloop.py): shares of each "
              "implementation's closed-loop maximum, measured first in the same run (25%%,50%%,90%%), or round "
              "trips per second over all connections (20000, 20k) (default: the profile's: quick "
-             "25%%,50%%,75%%,90%%, full 10%%,25%%,50%%,75%%,90%%)", "RATES"),
+             "25%%,50%%,90%%, full 10%%,25%%,50%%,75%%,90%%)", "RATES"),
     "arrival": (parse_arrival, "uniform", "how the open loop spreads each connection's sends: uniform "
                 "(evenly spaced, staggered over the connections) or poisson (exponential gaps)", "NAME"),
     "allow-machine-change": (parse_bool, "no", "gate even when the baseline's CPU model, CPU count, kernel "
