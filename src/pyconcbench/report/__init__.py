@@ -20,7 +20,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from pyconcbench import explain, metrics, stats
 from pyconcbench.metrics import md_text
-from pyconcbench.report import ab_tables, echo_tables as summary
+from pyconcbench.report import ab_tables, echo_tables as summary, openloop_tables
 from pyconcbench.stats import STARVING_SHARE
 from pyconcbench.report.switch_tables import fmt_ns
 from pyconcbench.report.results import Families, Run, split
@@ -426,6 +426,22 @@ def switch_section(switch: Sequence[Dict[str, Any]]) -> Optional[Section]:
     return sec
 
 
+# ---- open loop ----------------------------------------------------------------------------
+
+def openloop_section(openloop: Sequence[Dict[str, Any]]) -> Optional[Section]:
+    """Latency at a fixed offered rate: one table per scale, each implementation's rates in a row
+    (the figures of the latency-against-throughput plot)."""
+    if not openloop:
+        return None
+    sec = Section("Open loop: latency at a fixed offered rate")
+    for (key, arrival), rows in sorted(openloop_tables.grouped(b["extra_info"] for b in openloop).items()):
+        title = openloop_tables.scale_title(key, arrival)
+        sec.tables.append(Table(title[:1].upper() + title[1:], list(openloop_tables.HEAD),
+                                [openloop_tables.row_cells(r) for r in rows], openloop_tables.NOTE,
+                                right=[False] + [True] * (len(openloop_tables.HEAD) - 1)))
+    return sec
+
+
 # ---- zmq ----------------------------------------------------------------------------------
 
 def zmq_section(zmq: Sequence[Dict[str, Any]]) -> Optional[Section]:
@@ -518,8 +534,8 @@ def header_lines(runs: Sequence[Run]) -> List[str]:
 # ---- whole reports ------------------------------------------------------------------------
 
 def sections(fams: Families) -> List[Section]:
-    out = [s for s in (ab_section(fams.ab), echo_section(fams.echo, fams.ceiling), switch_section(fams.switch),
-                       zmq_section(fams.zmq)) if s is not None]
+    out = [s for s in (ab_section(fams.ab), echo_section(fams.echo, fams.ceiling), openloop_section(fams.openloop),
+                       switch_section(fams.switch), zmq_section(fams.zmq)) if s is not None]
     return out
 
 

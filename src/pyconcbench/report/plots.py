@@ -123,7 +123,8 @@ def _plot_all(fams: Families) -> Tuple[List[Tuple[str, bytes]], List[str]]:
     plt = _pyplot()
     images: List[Tuple[str, bytes]] = []
     skipped: List[str] = []
-    infos = [b["extra_info"] for b in fams.echo]
+    # ping-pong only: pipelined rows (--pcb-pipeline) are another measurement
+    infos = [b["extra_info"] for b in fams.echo if (b["extra_info"].get("pipeline") or 1) == 1]
 
     by_scale: Dict[Tuple[str, int], List[Dict[str, Any]]] = {}
     for i in infos:
@@ -185,6 +186,8 @@ def _plot_all(fams: Families) -> Tuple[List[Tuple[str, bytes]], List[str]]:
         skipped.append("msgs/s vs message size: no size sweep in these runs (the full profile, or "
                        "--pcb-size 64,1KiB,10KiB,100KiB, has one)")
 
+    images += _openloop_plots(plt, [b["extra_info"] for b in fams.openloop], skipped)
+
     switch = [b["extra_info"] for b in fams.switch]
     depth: Dict[str, List[Tuple[float, float]]] = {}
     for i in switch:
@@ -203,6 +206,71 @@ def _plot_all(fams: Families) -> Tuple[List[Tuple[str, bytes]], List[str]]:
     else:
         skipped.append("switch cost bars: no switch microbenchmarks in these runs")
     return images, skipped
+
+
+#: The open loop's percentiles drawn against the achieved rate: (key, line style).
+OPEN_PERCENTILES = (("latency_p50_us", "p50", ":"), ("latency_p99_us", "p99", "-"), ("latency_p99_9_us", "p99.9", "--"))
+
+
+def _openloop_plots(plt, infos: List[Dict[str, Any]], skipped: List[str]) -> List[Tuple[str, bytes]]:
+    """Per scale: latency (p50, p99, p99.9 from the intended send time) against the achieved rate,
+    one colour per implementation; and the whole latency distribution (percentile spectrum,
+    corrected solid, uncorrected dotted) at each rate asked."""
+    from pyconcbench.report import openloop_tables
+
+    out: List[Tuple[str, bytes]] = []
+    if not infos:
+        skipped.append("open-loop curves: no open-loop cases in these runs (pyconcbench run --family openloop)")
+        return out
+    for (key, arrival), rows in sorted(openloop_tables.grouped(infos).items()):
+        name = "-".join(str(k) for k in key) + ("" if arrival == "uniform" else f"-{arrival}")
+        title = openloop_tables.scale_title(key, arrival)
+        fig, ax = plt.subplots(figsize=(9, 5.5))
+        by_impl: Dict[str, List[Dict[str, Any]]] = {}
+        for r in rows:
+            by_impl.setdefault(_label(r), []).append(r)
+        for label, group in by_impl.items():
+            look = _look(plt, label)
+            for field_, pname, style in OPEN_PERCENTILES:
+                pts = sorted((g["msgs_per_s"], g[field_]) for g in group if g.get(field_))
+                if pts:
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], linestyle=style, color=look["color"],
+                            marker=look["marker"], markersize=4, label=f"{label} {pname}")
+        ax.set_yscale("log")
+        ax.set_title(_plain(f"Latency vs achieved rate ({title})"))
+        ax.set_xlabel("achieved round trips per second")
+        ax.set_ylabel("latency from the intended send, µs (log)")
+        ax.grid(True, which="major", alpha=0.3)
+        ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
+        out.append((f"openloop-latency-vs-rate-{name}.png", _png(fig)))
+        plt.close(fig)
+        by_rate: Dict[str, List[Dict[str, Any]]] = {}
+        for r in rows:
+            by_rate.setdefault(str(r.get("rate_label") or r.get("rate_asked")), []).append(r)
+        for rate, group in sorted(by_rate.items()):
+            fig, ax = plt.subplots(figsize=(9, 5.5))
+            for r in group:
+                look = _look(plt, _label(r))
+                for field_, style, what in (("latency_spectrum", "-", ""), ("latency_uncorrected_spectrum", ":",
+                                                                                " (uncorrected)")):
+                    pts = [(p, v) for p, v in (r.get(field_) or []) if p < 100.0 and v > 0]
+                    if pts:
+                        ax.plot([1.0 / (1.0 - p / 100.0) for p, _ in pts], [v for _, v in pts], linestyle=style,
+                                color=look["color"], label=_label(r) + what)
+            ticks = [(1, "0%"), (10, "90%"), (100, "99%"), (1000, "99.9%"), (10000, "99.99%")]
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            ax.set_xticks([t[0] for t in ticks])
+            ax.set_xticklabels([t[1] for t in ticks])
+            said = rate.replace("pct", " % of each one's maximum") if rate.endswith("pct") else f"{rate} round trips/s"
+            ax.set_title(_plain(f"Latency distribution at {said} ({title})"), fontsize=10)
+            ax.set_xlabel("percentile")
+            ax.set_ylabel("latency, µs (log)")
+            ax.grid(True, which="major", alpha=0.3)
+            ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
+            out.append((f"openloop-distribution-{name}-{rate}.png", _png(fig)))
+            plt.close(fig)
+    return out
 
 
 def _depth_plot(plt, depth: Dict[str, List[Tuple[float, float]]], depths: List[int]) -> bytes:

@@ -164,7 +164,7 @@ def _query(folder: Path, name: Optional[str]) -> List[Run]:
 # ---- families ---------------------------------------------------------------------------
 
 def family(bench: Dict[str, Any]) -> str:
-    """'echo', 'ceiling', 'switch', 'zmq', 'ab' or 'other': the benchmark's stamp, or for a run saved
+    """'echo', 'ceiling', 'switch', 'zmq', 'ab', 'openloop' or 'other': the benchmark's stamp, or for a run saved
     before it, by what its extra_info holds (pyconcbench.metrics); ResultsError for a schema
     this code cannot read."""
     try:
@@ -180,6 +180,7 @@ class Families:
     switch: List[Dict[str, Any]] = field(default_factory=list)
     zmq: List[Dict[str, Any]] = field(default_factory=list)
     ab: List[Dict[str, Any]] = field(default_factory=list)
+    openloop: List[Dict[str, Any]] = field(default_factory=list)
     other: List[Dict[str, Any]] = field(default_factory=list)
 
 
