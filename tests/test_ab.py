@@ -296,7 +296,7 @@ def test_the_ab_command_refuses_a_missing_test_file_in_one_line(tmp_path, monkey
     monkeypatch.chdir(tmp_path)
     assert cli.main(["ab", "--a", sys.executable, "--b", sys.executable, "--tests", "nosuch/test_x.py"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["pyconcbench: error: --tests nosuch/test_x.py: no such file (a family: echo, switch, zmq, "
+    assert err == ["pyconcbench: error: --tests nosuch/test_x.py: no such file (a family: echo, openloop, switch, zmq, "
                    "ceiling, or a path to a test file)"]
 
 

@@ -412,12 +412,13 @@ class FakeLoad:
     def open(self):
         return {"status": "ok", "message": "", "elapsed": 0.01}
 
-    def phase(self, messages, duration, stall_timeout, deadline, minimal=False):
+    def phase(self, messages, duration, stall_timeout, deadline, minimal=False, rate=0.0, arrival="uniform"):
         hist = _native.Histogram()
         hist.record_many(self.latencies)
         return {"status": "ok", "message": "", "completed": len(self.latencies), "elapsed": 200.0,
                 "cpu_user": 0.0, "cpu_sys": 0.0, "errors": {k: 0 for k in loadgen.ERROR_KINDS},
                 "waiting": 0, "live": 1, "bytes": 64 * len(self.latencies), "latency": hist,
+                "latency_uncorrected": None, "sent": 0, "late": 0, "lag_mean": 0.0, "lag_max": 0.0,
                 "per_conn": [len(self.latencies)]}
 
     def close(self):

@@ -135,7 +135,7 @@ def test_run_builds_the_suites_pytest_arguments(tmp_path):
 
 
 @pytest.mark.parametrize("argv, why", [
-    (["--family", "http"], "run: --family: unknown family 'http'; known: echo, switch, zmq, ceiling"),
+    (["--family", "http"], "run: --family: unknown family 'http'; known: echo, openloop, switch, zmq, ceiling"),
     (["--profile"], "run: --profile needs a value"),
 ])
 def test_run_refuses_a_bad_argument_in_one_line(capsys, argv, why):
