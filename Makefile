@@ -75,7 +75,7 @@ ASAN_MICRO := $(addprefix tests/test_micro.py::test_native_,syscall_is_made_ever
 	case_counts_every_op bad_arguments_are_value_errors run_is_bounded_by_its_timeout \
 	run_is_interruptible)
 ASAN_TESTS ?= tests/test_binding.py tests/test_fuzz_binding.py tests/test_hist.py \
-	tests/test_loadgen.py tests/test_serve.py $(ASAN_MICRO)
+	tests/test_loadgen.py tests/test_openloop.py tests/test_serve.py $(ASAN_MICRO)
 ASAN_ARGS ?=
 # seconds a test may take under the sanitizers before pytest-timeout stops it (stacks dumped)
 ASAN_TIMEOUT ?= 120

@@ -68,19 +68,17 @@ def test_open_loop_keeps_its_schedule(native):
     assert r.histogram.count == r.histogram_uncorrected.count == 5000
 
 
-def test_a_rate_the_server_cannot_hold_is_not_lowered():
-    # 'delay_one' never answers connection 0: its messages queue behind the first, so it falls
-    # behind its schedule while the others keep theirs; tolerated, the phase ends by the stall
-    # watchdog with the waits counted
-    with harness.ServerProcess(STALL_SERVER, cpu=None) as server:
-        with LoadSession(spec_for(server, connections=4, messages=1000, warmup_messages=100)) as s:
-            closed = s.round(messages=4000)
-            asked = closed.msgs_per_s * 3  # three times what it can do
-            r = s.round(messages=4000, rate=asked)
-    assert r.completed == 4000
-    assert r.msgs_per_s < 0.7 * asked                # achieved says so: never silently lowered
+def test_a_rate_the_server_cannot_hold_is_not_lowered(native):
+    # 5 million round trips a second over 4 connections: twenty times what a bare C client gets
+    # from a C server here, so the schedule runs ahead and each message queues behind the last
+    asked = 5e6
+    with LoadSession(spec_for(native, connections=4, messages=1000, warmup_messages=100)) as s:
+        r = s.round(messages=20000, rate=asked)
+    assert r.completed == r.sent == 20000
+    assert r.msgs_per_s < 0.2 * asked                # achieved says so: never silently lowered
+    assert r.elapsed > 0.02                          # the 4 ms schedule was not kept
     assert r.latency["p50"] > 5 * r.latency_uncorrected["p50"]  # the queue's wait is counted
-    assert r.late > r.sent // 2
+    assert r.late > r.sent // 2 and r.lag_max > 0.001
 
 
 def test_a_stall_in_the_open_loop_is_still_caught():
