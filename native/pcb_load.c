@@ -132,6 +132,8 @@ static void stamp_header(const pcb_load *L, uint32_t id, uint64_t s)
 
 static size_t slot_index(const pcb_load *L, uint32_t id, uint64_t s)
 {
+    if (L->pipeline == 1)
+        return id; /* no division on ping-pong's path */
     return (size_t)id * L->pipeline + (size_t)(s % L->pipeline);
 }
 
@@ -754,9 +756,13 @@ static int on_readable(phase *P, uint32_t id)
                 const uint8_t *got = L->scratch + off;
                 const uint8_t *hdr = header_slot(L, id, s);
                 uint32_t a = c->rpos, b = c->rpos + take, h = b < hn ? b : hn;
-                bool bad = (a < h && memcmp(got, hdr + a, h - a) != 0) ||
-                           (b > hn && memcmp(got + (a < hn ? hn - a : 0), c->payload + (a < hn ? hn : a),
-                                             b - (a < hn ? hn : a)) != 0);
+                bool bad;
+                if (hdr == c->payload) /* pipeline 1: the message is one buffer */
+                    bad = memcmp(got, c->payload + a, take) != 0;
+                else
+                    bad = (a < h && memcmp(got, hdr + a, h - a) != 0) ||
+                          (b > hn && memcmp(got + (a < hn ? hn - a : 0), c->payload + (a < hn ? hn : a),
+                                            b - (a < hn ? hn : a)) != 0);
                 if (bad) {
                     int64_t at = first_difference(L, id, s, a, got, take);
                     uint8_t want_b = at < hn ? hdr[at] : c->payload[at];
