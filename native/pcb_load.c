@@ -33,7 +33,8 @@ enum conn_state { C_IDLE = 0, C_ACTIVE, C_CLOSED, C_CONNECTING, C_PENDING };
 
 #define NO_HEAP UINT32_MAX
 #define LATE_NS 1000000LL /* a message sent more than 1 ms after its intended time is late */
-#define WRITEV_MESSAGES 32 /* pipelined messages written by one writev */
+#define WRITEV_MESSAGES 32 /* pipelined messages written by one sendmsg */
+#define SPIN_NS 150000LL   /* open loop, pinned: poll from this long before a send is due */
 
 /* A connection's messages are numbered from 1 in the order they are issued; they are written
  * and their echoes read in that order.  Message s has its own slot (s % pipeline) for its
@@ -833,14 +834,19 @@ static void count_served(const pcb_load *L, uint32_t *unserved, uint32_t *served
 }
 
 /* Waits for events until `due` (ns; 0: up to 100 ms).  epoll_pwait2 takes a timeout in ns, so
- * an open loop's sends are not rounded to the millisecond; where the kernel lacks it, a wait
- * shorter than 1 ms polls. */
+ * an open loop's sends are not rounded to the millisecond (where the kernel lacks it, a wait
+ * shorter than 1 ms polls).  A timer wakes a sleeping thread tens of microseconds late on a
+ * virtual machine, and every microsecond of it would count in the corrected latency: on a CPU
+ * of its own (pinned), the engine sleeps until SPIN_NS before the send is due and polls from
+ * there; unpinned, it sleeps until the time itself (polling would take CPU from the server). */
 static int wait_events(pcb_load *L, struct epoll_event *evs, int64_t due)
 {
     static int have_pwait2 = 1;
     if (due == 0)
         return epoll_wait(L->ep, evs, MAX_EVENTS, 100);
-    int64_t wait = due - now_ns();
+    int64_t wait = (L->pinned ? due - SPIN_NS : due) - now_ns();
+    if (wait <= 0 && L->pinned)
+        return epoll_wait(L->ep, evs, MAX_EVENTS, 0);
     if (wait < 0)
         wait = 0;
     if (wait > CHECK_EVERY_NS)
