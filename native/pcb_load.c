@@ -958,6 +958,23 @@ int pcb_load_phase(pcb_load *L, const pcb_phase_spec *ps, pcb_phase_result *res,
             P.issuing = false; /* closed loop, duration mode: stop issuing at t_end, then drain */
         if (P.open && ps->messages && P.issued >= ps->messages && L->heap_len)
             heap_clear(L); /* every message is issued: nothing is scheduled any more */
+        if (P.inflight == 0 && ps->messages && P.issued < ps->messages &&
+            (P.open ? L->heap_len == 0 : P.issuing)) {
+            /* messages lost with a closed connection (tolerated errors) and nothing else in
+               flight or scheduled: the idle connections take them */
+            int64_t tr = now_ns();
+            for (uint32_t id = 0; id < L->spec.connections; id++) {
+                conn *c = &L->conns[id];
+                if (c->state != C_IDLE || !may_issue(&P, c))
+                    continue;
+                if (P.open) {
+                    if (c->heap == NO_HEAP)
+                        heap_push(L, id);
+                } else {
+                    refill(&P, id, tr);
+                }
+            }
+        }
         if (P.inflight == 0 && (P.open ? L->heap_len == 0 : !P.issuing))
             break;
 
@@ -1040,8 +1057,16 @@ int pcb_load_phase(pcb_load *L, const pcb_phase_spec *ps, pcb_phase_result *res,
     res->waiting = count_waiting(L);
     res->live = L->live;
     count_served(L, &res->unserved, &res->served);
-    if (res->status != PCB_OK && res->status != PCB_FAIL_ERRORS) {
-        /* connections with a message outstanding are now out of step: they cannot be reused */
+    if (res->status == PCB_OK && ps->messages && res->completed < ps->messages) {
+        /* cannot happen while the loop above re-issues lost messages; a guard against a phase
+           that says ok having done less than asked */
+        set_message(res, "only %llu of %llu round trips completed", (unsigned long long)res->completed,
+                    (unsigned long long)ps->messages);
+        fail(res, PCB_FAIL_ERRORS);
+    }
+    if (res->status != PCB_OK) {
+        /* connections with a message outstanding are now out of step: they cannot be reused
+           (their echoes would arrive in the next phase) */
         for (uint32_t id = 0; id < L->spec.connections; id++)
             if (L->conns[id].state == C_ACTIVE)
                 close_conn(L, &L->conns[id]);

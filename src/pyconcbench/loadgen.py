@@ -403,7 +403,7 @@ class LoadSession:
             self._phase(spec.warmup_messages, 0.0)
 
     def round(self, messages: Optional[int] = None, duration: Optional[float] = None,
-              rate: float = 0.0, arrival: str = "uniform") -> LoadResult:
+              rate: float = 0.0, arrival: str = "uniform", deadline: Optional[float] = None) -> LoadResult:
         """One measured phase: ``messages`` round trips (default: the spec's), or ``duration``
         seconds.  LoadError when it cannot complete.
 
@@ -413,7 +413,8 @@ class LoadSession:
         a message due while the connection has ``pipeline`` messages in flight waits, and its
         wait counts.  The latency histogram is then from each message's intended send time, and
         ``latency_uncorrected`` from its actual send.  A rate the server cannot hold is not
-        lowered: the round takes longer, and msgs_per_s says what was achieved."""
+        lowered: the round takes longer, and msgs_per_s says what was achieved.  ``deadline``
+        (seconds, default the spec's) bounds this round."""
         spec = self.spec
         if messages is None and duration is None:
             messages, duration = spec.messages, spec.duration
@@ -422,7 +423,9 @@ class LoadSession:
                              f"round trips a second, got {rate!r}")
         if arrival not in ARRIVALS:
             raise ValueError(f"round: arrival must be one of {', '.join(ARRIVALS)}, got {arrival!r}")
-        res = self._phase(messages or 0, duration or 0.0, rate=float(rate), arrival=arrival)
+        if deadline is not None and (not _is_number(deadline) or deadline <= 0):
+            raise ValueError(f"round: deadline must be a number of seconds > 0, got {deadline!r}")
+        res = self._phase(messages or 0, duration or 0.0, rate=float(rate), arrival=arrival, deadline=deadline)
         hist = res["latency"]
         unc = res.get("latency_uncorrected")
         return LoadResult(
@@ -457,11 +460,12 @@ class LoadSession:
         return res["completed"], res["elapsed"], res["cpu_user"] + res["cpu_sys"]
 
     def _phase(self, messages: int, duration: float, minimal: bool = False, rate: float = 0.0,
-               arrival: str = "uniform") -> Dict[str, Any]:
+               arrival: str = "uniform", deadline: Optional[float] = None) -> Dict[str, Any]:
         if self._load is None:
             raise RuntimeError("LoadSession is not open")
         spec = self.spec
-        res = self._load.phase(messages, duration, spec.stall_timeout, spec.deadline, minimal, rate, arrival)
+        res = self._load.phase(messages, duration, spec.stall_timeout, deadline or spec.deadline, minimal, rate,
+                               arrival)
         _raise_for(res)
         return res
 
