@@ -49,7 +49,7 @@ class OpenLoopCase:
     def rate_label(self) -> str:
         if self.relative:
             return f"{self.rate * 100:g}pct"
-        return f"{self.rate:g}ps"
+        return f"{self.rate:.0f}ps"
 
     @property
     def id(self) -> str:
@@ -162,7 +162,7 @@ class OpenLoopRunner(EchoRunner):
             "rate_label": case.rate_label,
             "rate_fraction": case.rate if case.relative else None,
             "rate_asked": round(self.asked, 1),
-            "rate_achieved_share": round(achieved / self.asked, 4) if self.asked else 0.0,
+            "rate_achieved_share": float(f"{achieved / self.asked:.5g}") if self.asked else 0.0,
             "rate_held": bool(self.asked and achieved >= HELD_SHARE * self.asked),
             "closed_loop_max_msgs_per_s": round(maximum[0], 1) if maximum else None,
             "messages_cut": self.messages < round(self.asked * self.seconds),

@@ -84,10 +84,14 @@ def table(infos: Sequence[Dict[str, Any]]) -> List[str]:
             line = " ".join(c.ljust(w) if n == 0 else c.rjust(w) for n, (c, w) in enumerate(zip(cells, widths)))
             notes = []
             if r.get("closed_loop_max_loadgen_bound"):
+                near = (r.get("rate_asked") or 0) <= (r.get("closed_loop_max_msgs_per_s") or 0)
                 notes.append("max load-generator-bound: a lower bound"
-                             + ("; not held at the load generator's own limit, likely" if not r.get("rate_held") else ""))
+                             + ("; not held at the load generator's own limit, likely"
+                                if not r.get("rate_held") and near else ""))
             if r.get("engine_wait", "").startswith("unpinned"):
                 notes.append("engine unpinned: its timer wake-ups count in the latency")
+            if r.get("messages_cut"):
+                notes.append("far beyond the maximum: rounds cut to twice its worth")
             if r.get("noisy_rounds_kept"):
                 notes.append(f"{r['noisy_rounds_kept']} noisy rounds kept")
             lines.append(line + ("  " + "; ".join(notes) if notes else ""))
