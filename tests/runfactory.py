@@ -91,3 +91,24 @@ def save(folder: Path, name: str, data: Dict[str, Any], machine_id: str = "Linux
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data), encoding="utf8")
     return path
+
+
+def openloop(impl: str, fraction: float, maximum: float, achieved: float, p99: Sequence[float],
+             unc_p99: float = 80.0, conns: int = 100) -> Dict[str, Any]:
+    """One open-loop benchmark (pyconcbench.openloop): ``fraction`` of the closed-loop
+    ``maximum`` asked, ``achieved`` msgs/s, the corrected p99 µs of each round."""
+    asked = fraction * maximum
+    label = f"{fraction * 100:g}pct"
+    b = echo(impl, conns, [achieved] * len(p99), p99=p99)
+    spectrum = [[0.0, 20.0], [50.0, 40.0], [99.0, statistics.median(p99)], [100.0, max(p99) * 1.2]]
+    b["extra_info"].update(pcb_family="openloop", pcb_schema=1, pipeline=1, arrival="uniform", rate_label=label,
+                           rate_fraction=fraction, rate_asked=asked, rate_achieved_share=achieved / asked,
+                           rate_held=achieved >= 0.95 * asked, closed_loop_max_msgs_per_s=maximum,
+                           latency_p99_9_us=max(p99) * 1.1, latency_max_us=max(p99) * 1.2,
+                           latency_uncorrected_p99_us=unc_p99, sent=30000, sent_late=30,
+                           latency_spectrum=spectrum,
+                           latency_uncorrected_spectrum=[[p, min(v, unc_p99)] for p, v in spectrum])
+    scale = f"c{conns}-64B"
+    b.update(group=f"openloop-{scale}-{label}", name=f"test_openloop[{impl}-{scale}-{label}]",
+             fullname=f"test_openloop.py::test_openloop[{impl}-{scale}-{label}]")
+    return b
