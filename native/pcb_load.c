@@ -186,6 +186,16 @@ static int start_connect(pcb_load *L, uint32_t id, int *err)
     if (fam != AF_UNIX) {
         int one = 1;
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        if (L->spec.sourcelen) {
+            /* the port is picked at connect, for the whole 4-tuple: a bind with port 0 alone
+               would take one from the range of every destination */
+            setsockopt(fd, IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, &one, sizeof(one));
+            if (bind(fd, (const struct sockaddr *)&L->spec.source, L->spec.sourcelen) != 0) {
+                *err = errno;
+                close(fd);
+                return -1;
+            }
+        }
     }
     int r = connect(fd, (const struct sockaddr *)&L->spec.addr, L->spec.addrlen);
     if (r != 0 && errno != EINPROGRESS) {

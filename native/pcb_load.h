@@ -82,6 +82,12 @@ typedef struct pcb_load_spec {
     int cpu;                      /* pin the calling thread there (< CPU_SETSIZE); -1: leave as is */
     uint32_t max_errors;          /* connection errors tolerated per phase before failing */
     uint64_t seed;
+    struct sockaddr_storage source; /* TCP: the local address each connection binds (its port
+                                     chosen at connect: IP_BIND_ADDRESS_NO_PORT); family 0: none,
+                                     the kernel's choice.  Each source address has its own range of
+                                     local ports towards the server, so several let one server port
+                                     take more connections than one range holds */
+    socklen_t sourcelen;
     uint32_t pipeline;            /* messages in flight per connection, 1 .. PCB_LOAD_MAX_PIPELINE
                                      (0 counts as 1); connections x pipeline at most
                                      PCB_LOAD_MAX_INFLIGHT */

@@ -476,6 +476,64 @@ static PyObject *Hist_copy_locked(HistObject *self, PyObject *Py_UNUSED(ignored)
     return (PyObject *)c;
 }
 
+/* to_bytes/from_bytes: a histogram handed between processes of one build (the load engines of a
+ * run), exactly: a tag, then the struct as it is in memory. */
+#define HIST_TAG "PCBHIST1"
+#define HIST_TAG_LEN 8
+
+PyDoc_STRVAR(Hist_to_bytes_doc,
+"to_bytes() -> bytes\n\nThe whole histogram (counts, min, max, sum) for Histogram.from_bytes in\n"
+"another process of the same build: merging it there is exact.");
+
+static PyObject *Hist_to_bytes_locked(HistObject *self, PyObject *Py_UNUSED(ignored))
+{
+    PyObject *out = PyBytes_FromStringAndSize(NULL, HIST_TAG_LEN + sizeof(pcb_hist));
+    if (!out)
+        return NULL;
+    char *p = PyBytes_AS_STRING(out);
+    memcpy(p, HIST_TAG, HIST_TAG_LEN);
+    memcpy(p + HIST_TAG_LEN, self->h, sizeof(pcb_hist));
+    return out;
+}
+
+PyDoc_STRVAR(Hist_from_bytes_doc,
+"from_bytes(data) -> Histogram\n\nA histogram from to_bytes() (of this build).  ValueError when the\n"
+"data is not one: wrong tag or length, counts that do not add up, min/max outside the range.");
+
+static PyObject *Hist_from_bytes(PyObject *cls, PyObject *data)
+{
+    Py_buffer view;
+    if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    pcb_hist h;
+    const char *why = NULL;
+    if (view.len != (Py_ssize_t)(HIST_TAG_LEN + sizeof(pcb_hist)) || memcmp(view.buf, HIST_TAG, HIST_TAG_LEN) != 0)
+        why = "not a histogram of this build (wrong tag or length)";
+    else {
+        memcpy(&h, (const char *)view.buf + HIST_TAG_LEN, sizeof(pcb_hist));
+        uint64_t total = 0;
+        for (int i = 0; i < PCB_HIST_BUCKETS && !why; i++) {
+            if (total + h.counts[i] < total)
+                why = "its counts overflow";
+            total += h.counts[i];
+        }
+        if (!why && total != h.total)
+            why = "its counts do not add up to its total";
+        else if (!why && h.total && (h.min < PCB_HIST_MIN_NS || h.max > PCB_HIST_MAX_NS || h.min > h.max ||
+                                     !(h.sum >= 0) || h.sum > 1e30))
+            why = "its min, max or sum are outside the histogram's range";
+    }
+    PyBuffer_Release(&view);
+    if (why) {
+        PyErr_Format(PyExc_ValueError, "Histogram.from_bytes: %s", why);
+        return NULL;
+    }
+    HistObject *out = hist_alloc((PyTypeObject *)cls);
+    if (out)
+        memcpy(out->h, &h, sizeof(pcb_hist));
+    return (PyObject *)out;
+}
+
 static PyObject *Hist_get_count_locked(HistObject *self, void *Py_UNUSED(closure))
 {
     return PyLong_FromUnsignedLongLong(self->h->total);
@@ -516,6 +574,7 @@ LOCKED_METHOD(Hist_percentiles, (HistObject *self, PyObject *pcts), (self, pcts)
 LOCKED_METHOD(Hist_buckets, (HistObject *self, PyObject *Py_UNUSED(ignored)), (self, NULL))
 LOCKED_METHOD(Hist_summary, (HistObject *self, PyObject *Py_UNUSED(ignored)), (self, NULL))
 LOCKED_METHOD(Hist_copy, (HistObject *self, PyObject *Py_UNUSED(ignored)), (self, NULL))
+LOCKED_METHOD(Hist_to_bytes, (HistObject *self, PyObject *Py_UNUSED(ignored)), (self, NULL))
 LOCKED_METHOD(Hist_get_count, (HistObject *self, void *Py_UNUSED(closure)), (self, NULL))
 LOCKED_METHOD(Hist_get_out_of_range, (HistObject *self, void *Py_UNUSED(closure)), (self, NULL))
 LOCKED_METHOD(Hist_get_min, (HistObject *self, void *Py_UNUSED(closure)), (self, NULL))
@@ -536,6 +595,8 @@ static PyMethodDef Hist_methods[] = {
     {"buckets", (PyCFunction)Hist_buckets, METH_NOARGS, Hist_buckets_doc},
     {"summary", (PyCFunction)Hist_summary, METH_NOARGS, Hist_summary_doc},
     {"copy", (PyCFunction)Hist_copy, METH_NOARGS, Hist_copy_doc},
+    {"to_bytes", (PyCFunction)Hist_to_bytes, METH_NOARGS, Hist_to_bytes_doc},
+    {"from_bytes", (PyCFunction)Hist_from_bytes, METH_O | METH_CLASS, Hist_from_bytes_doc},
     {"__copy__", (PyCFunction)Hist_copy, METH_NOARGS, NULL},
     {"__deepcopy__", (PyCFunction)Hist_deepcopy, METH_O, NULL},
     {NULL, NULL, 0, NULL},
@@ -690,10 +751,11 @@ static int parse_address(pcb_load_spec *spec, const char *family, const char *ad
 static int Load_init_claimed(LoadObject *self, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"family", "address", "port", "connections", "size", "connect_timeout",
-                             "cpu", "max_errors", "seed", "connect_rate", "pipeline", NULL};
+                             "cpu", "max_errors", "seed", "connect_rate", "pipeline", "source", NULL};
     const char *family, *address;
     PyObject *port_o, *connections_o, *size_o, *cpu_o = NULL, *max_errors_o = NULL, *seed_o = NULL;
     PyObject *pipeline_o = NULL;
+    const char *source = NULL;
     long long port, cpu = -1, connections, size, pipeline = 1;
     unsigned long long max_errors = 0, seed = 0;
     double connect_timeout = 30.0, connect_rate = 0.0;
@@ -701,9 +763,9 @@ static int Load_init_claimed(LoadObject *self, PyObject *args, PyObject *kwds)
         PyErr_SetString(PyExc_RuntimeError, "Load is already open");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "ssOOO|dOOOdO", kwlist, &family, &address, &port_o,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "ssOOO|dOOOdOz", kwlist, &family, &address, &port_o,
                                      &connections_o, &size_o, &connect_timeout, &cpu_o,
-                                     &max_errors_o, &seed_o, &connect_rate, &pipeline_o))
+                                     &max_errors_o, &seed_o, &connect_rate, &pipeline_o, &source))
         return -1;
     if (int_arg(port_o, "port", 0, 65535, &port) < 0 ||
         int_arg(connections_o, "connections", 1, PCB_LOAD_MAX_CONNECTIONS, &connections) < 0 ||
@@ -747,6 +809,26 @@ static int Load_init_claimed(LoadObject *self, PyObject *args, PyObject *kwds)
     self->spec.max_errors = (uint32_t)max_errors;
     self->spec.seed = seed;
     self->spec.pipeline = (uint32_t)pipeline;
+    if (source && *source) {
+        /* a local address to bind: loopback and of the server's family, checked by the same rule */
+        pcb_load_spec tmp;
+        if (strcmp(family, "tcp") != 0) {
+            PyErr_SetString(PyExc_ValueError, "source: only for tcp (a UNIX socket has no source address)");
+            return -1;
+        }
+        if (parse_address(&tmp, "tcp", source, 1) < 0)
+            return -1;
+        if (tmp.addr.ss_family != self->spec.addr.ss_family) {
+            PyErr_Format(PyExc_ValueError, "source: %s is not of the server address's family", source);
+            return -1;
+        }
+        if (tmp.addr.ss_family == AF_INET)
+            ((struct sockaddr_in *)&tmp.addr)->sin_port = 0;
+        else
+            ((struct sockaddr_in6 *)&tmp.addr)->sin6_port = 0;
+        self->spec.source = tmp.addr;
+        self->spec.sourcelen = tmp.addrlen;
+    }
     return 0;
 }
 

@@ -17,7 +17,7 @@ WORKLOADS = ("pyconcbench.options", "pyconcbench.loopback", "pyconcbench.ab", "p
              "pyconcbench.metrics", "pyconcbench.micro", "pyconcbench.zmq", "pyconcbench.zmq.runner",
              "pyconcbench.cli", "pyconcbench.gobuild", "pyconcbench.broken", "pyconcbench.procs",
              "pyconcbench.worker", "pyconcbench.suite", "pyconcbench.examples", "pyconcbench.examples.echo_server",
-             "pyconcbench.conformance", "pyconcbench.explain", "pyconcbench.openloop", "pyconcbench.netsim")
+             "pyconcbench.conformance", "pyconcbench.explain", "pyconcbench.openloop", "pyconcbench.netsim", "pyconcbench.engines")
 
 
 def _loaded_after(module: str):

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
-from . import explain, harness, instruments, loadgen, machine, metrics, netsim, plain, rounds, servers, syscalls
+from . import engines, explain, harness, instruments, loadgen, machine, metrics, netsim, plain, rounds, servers, syscalls
 from .options import PROFILES, Settings, per_connection
 from .report.echo_tables import size_label
 
@@ -199,6 +199,9 @@ class EchoRunner:
         self.plan = settings.plan_for(case.connections)
         #: what each measured round passes to LoadSession.round (the open loop: its rate)
         self.round_kwargs: Dict[str, Any] = {}
+        #: load engine processes (pyconcbench.engines): --pcb-engines, else as many as the
+        #: connections need (one holds a process's sockets, below the port range)
+        self.engines = settings.engines or engines.engines_for(case.connections)
         address = server.address
         common = dict(
             connections=case.connections, size=case.size, messages=messages, duration=duration,
@@ -330,6 +333,14 @@ class EchoRunner:
         """The load generator's connections, made in the server's network namespace (its
         ``netns``; this thread enters it for the connects only), warmed up, closed at the end."""
         netns = getattr(self.server, "netns", None)  # a stand-in server may have none
+        if self.engines > 1:  # past one process's sockets, or asked for: several engine processes
+            engine_set = engines.EngineSet(self.spec, self.engines, netns=netns)
+            engine_set.open()
+            try:
+                yield engine_set
+            finally:
+                engine_set.close()
+            return
         if netns is None:
             with loadgen.LoadSession(self.spec) as session:
                 yield session
@@ -473,6 +484,7 @@ class EchoOutcome:
             "size": case.size,
             "transport": case.transport,
             "pipeline": case.pipeline,
+            "load_engines": runner.engines,
             "messages_per_round": runner.messages,
             "msgs_per_s": round(completed / elapsed, 1) if elapsed else 0.0,
             "msgs_per_s_median": round(statistics.median(r.msgs_per_s for r in results), 1),

@@ -142,6 +142,9 @@ class LoadSpec:
     #: messages in flight per connection: 1 is ping-pong, more is pipelining (each echo still
     #: verified, in order)
     pipeline: int = 1
+    #: tcp: a loopback address each connection binds before it connects (None: the kernel's
+    #: choice); each source address has its own local port range towards the server
+    source: Optional[str] = None
 
     def __post_init__(self) -> None:
         if self.transport not in ("tcp", "unix"):
@@ -191,6 +194,15 @@ class LoadSpec:
             allowed = sorted(os.sched_getaffinity(0))
             if not _is_int(self.cpu) or self.cpu not in allowed:
                 raise _fail("cpu", self.cpu, f"must be one of this process's CPUs {allowed} or None")
+        if self.source is not None:
+            if self.transport != "tcp":
+                raise _fail("source", self.source, "is for tcp only (a UNIX socket has no source address)")
+            try:
+                object.__setattr__(self, "source", loopback_host(self.source))
+            except (ValueError, TypeError) as exc:
+                raise ValueError(f"LoadSpec.source: {exc}") from None
+            if (":" in self.source) != (":" in self.host):
+                raise _fail("source", self.source, f"is not of the family of host {self.host!r}")
         if self.connections * self.pipeline > MAX_INFLIGHT:
             raise _fail("pipeline", self.pipeline,
                         f"times {self.connections} connections is more than {MAX_INFLIGHT} messages in flight")
@@ -370,6 +382,8 @@ class LoadSession:
             raise TypeError(f"LoadSession needs a LoadSpec, got {type(spec).__name__}")
         self.spec = spec
         self.connect_seconds = 0.0
+        #: the last round's completed round trips per connection (fairness is computed from them)
+        self.last_per_conn: List[int] = []
         self._load: Optional[Any] = None
 
     def open(self) -> "LoadSession":
@@ -387,6 +401,7 @@ class LoadSession:
             seed=spec.seed,
             connect_rate=float(spec.connect_rate),
             pipeline=spec.pipeline,
+            source=spec.source,
         )
         res = load.open()
         _raise_for(res)
@@ -428,6 +443,7 @@ class LoadSession:
         res = self._phase(messages or 0, duration or 0.0, rate=float(rate), arrival=arrival, deadline=deadline)
         hist = res["latency"]
         unc = res.get("latency_uncorrected")
+        self.last_per_conn = list(res["per_conn"])
         return LoadResult(
             connections=spec.connections,
             size=spec.size,

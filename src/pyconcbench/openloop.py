@@ -101,6 +101,7 @@ class OpenLoopRunner(EchoRunner):
         # every round is at the same rate, so their number is fixed: no early stop
         self.plan = rounds.Plan.fixed(settings.rounds or profile.openloop_rounds)
         self.maximum: Optional[Tuple[float, str, bool]] = None
+        self.engines = 1
         self.asked = 0.0
 
     def closed_loop_max(self, session: loadgen.LoadSession) -> Tuple[float, str, bool]:
@@ -117,6 +118,7 @@ class OpenLoopRunner(EchoRunner):
         case = self.olcase
         self.read_idle_rss()
         with self.session() as session:
+            self.engines = getattr(session, "engines", 1)
             self.read_connected_rss()
             # the maximum is measured for an absolute rate too: a round asked far beyond what the
             # server can do is cut to about twice its maximum's worth of messages (it is not held
@@ -171,7 +173,8 @@ class OpenLoopRunner(EchoRunner):
             "seconds_per_round": self.seconds,
             # pinned, the engine polls its own CPU before each send is due: its CPU share is no bound
             "loadgen_bound": None, "loadgen_cpu_share": None, "loadgen_cpu_us_per_msg": None,
-            "engine_wait": ("pinned: sleeps until 150 us before each send is due, then polls" if self.spec.cpu is not None
+            "engine_wait": ("pinned: sleeps until 150 us before each send is due, then polls"
+                            if self.spec.cpu is not None and self.engines == 1
                             else "unpinned: sleeps until each send is due (a timer wake-up, tens of us late on a "
                                  "VM, counts in the corrected latency)"),
             "latency_uncorrected_p50_us": _us(pct[0]),

@@ -489,6 +489,9 @@ OPTIONS: Dict[str, Tuple[Callable[[str], Any], Optional[str], str, str]] = {
                              "SECONDS"),
     "connect-rate": (parse_rate, None, "open the connections at this many a second (default: unpaced, up to "
                      "512 connects in flight): for servers with a small listen backlog", "PER_SECOND"),
+    "engines": (parse_positive_int, None, "load engine processes, the connections split over them (each binds "
+                "its own source address in 127.0.0.0/8; their rounds start together and are merged exactly) "
+                "(default: as many as the connections need: one holds one process's sockets)", "N"),
     "pipeline": (parse_pipeline, "1", "messages in flight per connection: 1 is ping-pong; more pipelines them "
                  "(each echo still verified, in order); other than 1 adds -pK to the test id", "K"),
     "rate": (parse_open_rates, None, "the open-loop family's rates (test_openloop.py): shares of each "
@@ -536,6 +539,7 @@ class Settings:
     server_ready_timeout: float = 15.0
     connect_rate: float = 0.0  # connects per second, 0: unpaced
     pipeline: int = 1  # messages in flight per connection
+    engines: Optional[int] = None  # load engine processes; None: as many as the connections need
     #: the open-loop family: its scales, implementations and rates ((value, relative), ...)
     openloop_cases: Tuple[Tuple[int, int, str], ...] = ()
     openloop_impls: Tuple[str, ...] = ()
@@ -672,6 +676,7 @@ def resolve(raw: Callable[[str], Tuple[Optional[str], str]]) -> Settings:
         server_ready_timeout=values["server-ready-timeout"],
         connect_rate=values["connect-rate"] or 0.0,
         pipeline=values["pipeline"],
+        engines=values["engines"],
         # the open loop runs at the given scales, else the profile's (fewer than the echo family's)
         openloop_cases=tuple(dict.fromkeys(cases)) if (conns or sizes or transports) else tuple(
             c for c in profile.openloop_cases if c[0] <= top),
