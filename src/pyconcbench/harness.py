@@ -129,7 +129,13 @@ class ServerUsage:
         return cls(**values)
 
     def as_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """The report as serve printed it (``per_worker`` only for a server with workers)."""
+        out = dataclasses.asdict(self)
+        if not self.per_worker:
+            del out["per_worker"]
+        else:
+            out["per_worker"] = [dict(row) for row in self.per_worker]
+        return out
 
 
 @dataclass(frozen=True)
