@@ -111,9 +111,9 @@ def echo_cases(settings: Settings) -> List[EchoCase]:
                                                 if (v[0], v[1], v[2], v[3]) == (impl, conns, size, transport)]
             mallocs = list(dict.fromkeys(mallocs))
             counts = (1,) if servers.one_process(impl) else settings.workers
-            for malloc in mallocs:
+            for malloc in mallocs:  # the profile's variants (a state not chosen) at 1 worker only
                 out += [EchoCase(impl, conns, size, transport, malloc, pipeline=settings.pipeline, workers=n)
-                        for n in counts]
+                        for n in (counts if malloc in settings.mallocs else (1,))]
             if reference and impl in plain.PLAIN:
                 out += [EchoCase(impl, conns, size, transport, malloc, plain=True, pipeline=settings.pipeline)
                         for malloc in mallocs if malloc != "tuned"]
