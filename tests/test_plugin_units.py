@@ -40,8 +40,8 @@ def test_parse_impls_keeps_order_and_expands_all():
 
 def test_parse_cpus():
     assert options.parse_cpus("none") is None
-    assert options.parse_cpus("0,1") == (0, 1)
-    for bad in ("0", "0,0", "a,b", "0,1,2"):
+    assert options.parse_cpus("0,1") == ((0,), (1,))  # (the server's CPUs, the load generator's)
+    for bad in ("0", "0,0", "a,b", "0,1,2", "0-1,1", "1-0,1", "0-,1"):
         with pytest.raises(ValueError):
             options.parse_cpus(bad)
 

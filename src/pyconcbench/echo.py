@@ -46,6 +46,8 @@ class EchoCase:
     #: messages in flight per connection (--pcb-pipeline): 1 is ping-pong
     pipeline: int = 1
     network: netsim.Network = netsim.LOCAL
+    #: worker processes of the server (--pcb-workers; pyconcbench.serve --workers)
+    workers: int = 1
 
     @property
     def scale(self) -> str:
@@ -56,16 +58,18 @@ class EchoCase:
 
     @property
     def id(self) -> str:
-        """Baseline key: ``[plain_]impl-cN-SIZE[-pK][-unix][-malloc_STATE][-netns_dDELAY[_rRATE]]``."""
+        """Baseline key: ``[plain_]impl-cN-SIZE[-pK][-unix][-wN][-malloc_STATE][-netns_dDELAY[_rRATE]]``."""
         suffix = "" if self.malloc == harness.MALLOC_DEFAULT else f"-malloc_{self.malloc}"
         prefix = plain.PREFIX if self.plain else ""
-        return f"{prefix}{self.impl}-{self.scale}{suffix}{self.network.id_suffix}"
+        workers = "" if self.workers == 1 else f"-w{self.workers}"
+        return f"{prefix}{self.impl}-{self.scale}{workers}{suffix}{self.network.id_suffix}"
 
     @property
     def label(self) -> str:
         """The implementation as the summary table names it:
-        ``impl[+plain][+STATE_malloc][+netns(DELAY[,RATE])]``."""
+        ``impl[+plain][+wN][+STATE_malloc][+netns(DELAY[,RATE])]``."""
         label = self.impl + ("+plain" if self.plain else "")
+        label += "" if self.workers == 1 else f"+w{self.workers}"
         label = label if self.malloc == harness.MALLOC_DEFAULT else f"{label}+{self.malloc}_malloc"
         return label + self.network.label
 
@@ -92,7 +96,10 @@ def echo_cases(settings: Settings) -> List[EchoCase]:
     allocator state, then (where --pcb-reference puts one) its plain reference server, so that a
     server and what it is compared with run back to back.  A simulated network (--pcb-network)
     repeats the chosen allocator states of the project's and the command's servers over TCP;
-    the plain references and the profile's variants stay local."""
+    the plain references and the profile's variants stay local.  Each worker count
+    (--pcb-workers) repeats a project server's cases, right after its 1-worker ones; the peers
+    (go_net, node_net), plain references and --pcb-server-cmd programs run their own processes,
+    at 1 worker only (``servers.one_process``)."""
     out: List[EchoCase] = []
     remote = [n for n in settings.networks if not n.local]
     local = not settings.networks or any(n.local for n in settings.networks)
@@ -103,8 +110,10 @@ def echo_cases(settings: Settings) -> List[EchoCase]:
             mallocs = list(settings.mallocs) + [v[4] for v in settings.variants
                                                 if (v[0], v[1], v[2], v[3]) == (impl, conns, size, transport)]
             mallocs = list(dict.fromkeys(mallocs))
-            for malloc in mallocs:
-                out.append(EchoCase(impl, conns, size, transport, malloc, pipeline=settings.pipeline))
+            counts = (1,) if servers.one_process(impl) else settings.workers
+            for malloc in mallocs:  # the profile's variants (a state not chosen) at 1 worker only
+                out += [EchoCase(impl, conns, size, transport, malloc, pipeline=settings.pipeline, workers=n)
+                        for n in (counts if malloc in settings.mallocs else (1,))]
             if reference and impl in plain.PLAIN:
                 out += [EchoCase(impl, conns, size, transport, malloc, plain=True, pipeline=settings.pipeline)
                         for malloc in mallocs if malloc != "tuned"]
@@ -123,10 +132,11 @@ def echo_cases(settings: Settings) -> List[EchoCase]:
     # Where a run compares allocator states of a server, count their allocator syscalls.
     states: Dict[Tuple[Any, ...], int] = {}
     for case in out:
-        key = (case.impl, case.connections, case.size, case.transport, case.network)
+        key = (case.impl, case.connections, case.size, case.transport, case.network, case.workers)
         states[key] = states.get(key, 0) + (not case.plain)
-    out = [dataclasses.replace(c, count_alloc=states[(c.impl, c.connections, c.size, c.transport, c.network)] > 1)
-           for c in out]
+    # (one process's syscalls are traced: a server with workers is left out, as below)
+    out = [dataclasses.replace(c, count_alloc=c.workers == 1 and states[
+        (c.impl, c.connections, c.size, c.transport, c.network, c.workers)] > 1) for c in out]
     if not settings.explain:
         return out
     # One traced round per implementation: at 100 connections x 64 B over TCP when the run has
@@ -136,7 +146,9 @@ def echo_cases(settings: Settings) -> List[EchoCase]:
 
     chosen: Dict[str, int] = {}
     for i, case in enumerate(out):
-        if not case.plain and (case.impl not in chosen or rank(case) > rank(out[chosen[case.impl]])):
+        if case.plain or case.workers != 1:  # the tracer follows one process
+            continue
+        if case.impl not in chosen or rank(case) > rank(out[chosen[case.impl]]):
             chosen[case.impl] = i
     for i in chosen.values():
         out[i] = dataclasses.replace(out[i], explain=True)
@@ -485,6 +497,8 @@ class EchoOutcome:
             "transport": case.transport,
             "pipeline": case.pipeline,
             "load_engines": runner.engines,
+            "workers": case.workers,
+            **({"workers_note": server.workers_note} if getattr(server, "workers_note", "") else {}),
             "messages_per_round": runner.messages,
             "msgs_per_s": round(completed / elapsed, 1) if elapsed else 0.0,
             "msgs_per_s_median": round(statistics.median(r.msgs_per_s for r in results), 1),

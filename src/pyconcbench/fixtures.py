@@ -130,7 +130,10 @@ def _start_echo_server(case: EchoCase, settings: Settings, python: Optional[str]
     if env:
         extra["env"] = env
     # Thread-per-connection models take seconds to wind down 10k threads on one CPU.
-    common = dict(transport=case.transport, cpu=cpus[0] if cpus else None, malloc=case.malloc,
+    if case.workers != 1:
+        extra["workers"] = case.workers
+    server_cpus = settings.server_cpus or (cpus[:1] if cpus else ())  # a set: the workers spread over it
+    common = dict(transport=case.transport, cpu=server_cpus or None, malloc=case.malloc,
                   stop_timeout=max(10.0, case.connections / 500.0), **extra)
     if case.command is not None:  # a program the user brings (--pcb-server-cmd)
         server = harness.CommandServer(case.command, case.impl, ready_timeout=settings.server_ready_timeout,

@@ -24,7 +24,7 @@ import socket
 import sys
 import time
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from pyconcbench import instruments, loopback, netsim, plain, procs, servers
 from pyconcbench.serve import Unusable, implementation_hook
@@ -53,6 +53,19 @@ MALLOC_TUNED_ENV = {"MALLOC_MMAP_THRESHOLD_": "1048576", "MALLOC_TRIM_THRESHOLD_
 PREFLIGHT_CONNECTIONS = 3
 PREFLIGHT_MESSAGE = b"pyconcbench preflight".ljust(64, b".")
 PREFLIGHT_TIMEOUT = 10.0
+#: Pre-flight connections per worker of a server with several (the kernel picks the worker).
+PREFLIGHT_PER_WORKER = 8
+#: How long check_alive waits for serve to exit after one of its workers died (for its line).
+WORKER_FAILURE_WAIT = 3.0
+#: The most worker processes a server may run (``pyconcbench.serve --workers``).
+MAX_WORKERS = 256
+
+
+def workers_note(workers: int, cpus: int) -> str:
+    """The note of a server whose workers outnumber its CPUs ('' when they do not)."""
+    if workers <= 1 or workers <= cpus:
+        return ""
+    return "%d workers on %d CPU%s: a functional check, not a scaling figure" % (workers, cpus, "" if cpus == 1 else "s")
 
 
 class ServerError(RuntimeError):
@@ -86,6 +99,8 @@ class ServerUsage:
     bytes: int
     errors: int
     signal: Optional[str]
+    #: with workers: each one's pid, CPU and counts ({"pid", "cpu", "accepted", "bytes", "errors"})
+    per_worker: Tuple[Dict[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("user", "system"):
@@ -101,14 +116,26 @@ class ServerUsage:
 
     @classmethod
     def from_dict(cls, data: dict) -> "ServerUsage":
-        names = [f.name for f in dataclasses.fields(cls)]
-        missing = [name for name in names if name not in data]
+        fields = dataclasses.fields(cls)
+        missing = [f.name for f in fields if f.name not in data and f.default is dataclasses.MISSING]
         if missing:
             raise ValueError("server usage report lacks %s: %r" % (", ".join(missing), data))
-        return cls(**{name: data[name] for name in names})
+        values = {f.name: data[f.name] for f in fields if f.name in data}
+        if "per_worker" in values:
+            rows = values["per_worker"]
+            if not isinstance(rows, list) or not all(isinstance(row, dict) for row in rows):
+                raise ValueError("ServerUsage.per_worker: expected a list of objects, got %r" % (rows,))
+            values["per_worker"] = tuple(rows)
+        return cls(**values)
 
     def as_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """The report as serve printed it (``per_worker`` only for a server with workers)."""
+        out = dataclasses.asdict(self)
+        if not self.per_worker:
+            del out["per_worker"]
+        else:
+            out["per_worker"] = [dict(row) for row in self.per_worker]
+        return out
 
 
 @dataclass(frozen=True)
@@ -194,6 +221,14 @@ class ServerProcess:
     report leave them out.  ``netns``: the path of a network namespace (``pyconcbench.netsim``)
     the server runs in, entered before exec; the harness's own connections to it (pre-flight,
     readiness) are made there too, and so must the load generator's.
+
+    ``cpu``: the server's CPU, or a set of CPUs (a sequence); ``workers``: how many worker
+    processes serve (``pyconcbench.serve --workers``), spread over the set one per CPU, round
+    robin, all on the one CPU otherwise.  With workers, the CPU time and memory read while it
+    runs are summed over the serve process and its workers (``measured_pids``; resident pages
+    shared since the fork count in each), and the pre-flight makes ``PREFLIGHT_PER_WORKER``
+    connections per worker (the kernel spreads them: a worker is very likely, not certain, to
+    have seen one close).
     """
 
     def __init__(
@@ -203,21 +238,28 @@ class ServerProcess:
         transport: str = "tcp",
         host: str = "127.0.0.1",
         unix_path: Optional[str] = None,
-        cpu: Optional[int] = 0,
+        cpu: Union[None, int, Sequence[int]] = 0,
         ready_timeout: float = 15.0,
         stop_timeout: float = 10.0,
         env: Optional[dict] = None,
         python: str = sys.executable,
         malloc: str = MALLOC_DEFAULT,
         netns: Optional[str] = None,
+        workers: int = 1,
     ) -> None:
         if transport not in ("tcp", "unix"):
             raise ValueError("transport must be 'tcp' or 'unix', not %r" % (transport,))
         if transport == "tcp":
             loopback.address(host)  # NotLoopback is a ValueError
-        if cpu is not None and cpu not in cpus_available():
-            raise ValueError("cannot pin the server to CPU %r: allowed CPUs are %s"
-                             % (cpu, cpus_available()))
+        cpus: Tuple[int, ...] = () if cpu is None else (cpu,) if isinstance(cpu, int) else tuple(cpu)
+        for one in cpus:
+            if one not in cpus_available():
+                raise ValueError("cannot pin the server to CPU %r: allowed CPUs are %s"
+                                 % (one, cpus_available()))
+        if cpu is not None and not cpus:
+            raise ValueError("the server's CPU set is empty")
+        if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= MAX_WORKERS:
+            raise ValueError("workers must be 1 .. %d, not %r" % (MAX_WORKERS, workers))
         if ready_timeout <= 0 or stop_timeout <= 0:
             raise ValueError("ready_timeout and stop_timeout must be > 0")
         if malloc not in MALLOC_STATES:
@@ -227,7 +269,9 @@ class ServerProcess:
         self.transport = transport
         self.host = host
         self.unix_path = unix_path
-        self.cpu = cpu
+        self.cpus = cpus
+        self.cpu = cpus[0] if cpus else None  # a program not of ours is pinned to the first
+        self.workers = workers
         self.ready_timeout = ready_timeout
         self.stop_timeout = stop_timeout
         self.env = dict(env or {})
@@ -257,8 +301,10 @@ class ServerProcess:
             argv += ["--unix", self.unix_path]
         else:
             argv += ["--host", self.host, "--port", "0"]
-        if self.cpu is not None:
-            argv += ["--cpu", str(self.cpu)]
+        if self.cpus:
+            argv += ["--cpu", ",".join(map(str, self.cpus))]
+        if self.workers > 1:
+            argv += ["--workers", str(self.workers)]
         return argv
 
     def start(self) -> "ServerProcess":
@@ -293,11 +339,20 @@ class ServerProcess:
         try:
             self.ready = self._wait_ready()
             if self.malloc != "pristine":
-                self.preflight()
+                self.preflight(PREFLIGHT_CONNECTIONS if self.workers == 1 else PREFLIGHT_PER_WORKER * self.workers)
         except BaseException as exc:
             self._abort_start(exc)
             raise
         return self
+
+    @property
+    def workers_note(self) -> str:
+        """'4 workers on 1 CPU: a functional check, not a scaling figure' when the workers
+        outnumber the server's CPUs (its set, or every CPU allowed when it is not pinned); ''
+        otherwise."""
+        if self.workers == 1:
+            return ""
+        return workers_note(self.workers, len(self.cpus) if self.cpus else len(cpus_available()))
 
     def _abort_start(self, exc: BaseException) -> None:
         """After a start that failed past the spawn: the child killed, and every later stop()
@@ -473,9 +528,17 @@ class ServerProcess:
         return self.pid
 
     @property
+    def worker_pids(self) -> Tuple[int, ...]:
+        """The worker processes READY names (``--workers`` N > 1); () otherwise."""
+        pids = (self.ready or {}).get("worker_pids") or ()
+        return tuple(p for p in pids if isinstance(p, int) and not isinstance(p, bool) and p > 0)
+
+    @property
     def measured_pids(self) -> Tuple[int, ...]:
-        """Every process whose CPU and memory are the server's: ``measured_pid`` alone here."""
-        return (self.measured_pid,)
+        """Every process whose CPU and memory are the server's: serve and its workers (with
+        ``--workers`` N > 1), else ``measured_pid`` alone."""
+        workers = self.worker_pids
+        return (self.pid,) + workers if workers else (self.measured_pid,)
 
     @property
     def address(self) -> Union[Tuple[str, int], str]:
@@ -491,13 +554,35 @@ class ServerProcess:
             raise ServerError("server %r was never started" % self.impl)
         code = self._child.poll()
         if code is not None:
+            if self.worker_pids:
+                raise ServerError(self._worker_failure(code))
             raise ServerError(self._with_stderr(
                 "server %r (pid %d) exited with code %s" % (self.impl, self._child.pid, code)
             ))
+        for index, pid in enumerate(self.worker_pids):
+            state = _process_state(pid)
+            if state in (None, "Z", "X"):  # gone, or dead and not yet reaped by serve
+                # serve is stopping the others and will exit with the line naming the one that died
+                code = self._child.wait(WORKER_FAILURE_WAIT)
+                if code is not None:
+                    raise ServerError(self._worker_failure(code))
+                raise ServerError("server %r: worker %d of %d (pid %d) is %s" % (
+                    self.impl, index + 1, len(self.worker_pids), pid, "gone" if state is None else "dead"))
+
+    def _worker_failure(self, code: Optional[int]) -> str:
+        """One line: the server with workers exited; serve's own line about the worker when it wrote one."""
+        mine = "server %r (pid %d) exited with code %s" % (self.impl, self._child.pid, code)
+        lines = [line for line in self.stderr_text().strip().splitlines() if " worker " in line]
+        return mine + (": " + lines[-1].split(": ", 1)[-1] if lines else "")
 
     def cpu_times(self) -> Tuple[float, float]:
         """The server's own (user, system) CPU seconds so far, children excluded (of
-        ``measured_pid``: serve, or the worker doing its serving)."""
+        ``measured_pid``: serve, or the worker doing its serving); with workers, summed over
+        serve and its workers."""
+        if self.worker_pids:
+            self.check_alive()
+            times = [t for t in map(instruments.process_cpu, self.measured_pids) if t is not None]
+            return sum(t[0] for t in times), sum(t[1] for t in times)
         stat = self._read_proc("stat")
         # Fields 14 and 15 (utime, stime), counted after the parenthesised command name.
         fields = stat[stat.rindex(")") + 2:].split()
@@ -519,6 +604,9 @@ class ServerProcess:
     # -- helpers ---------------------------------------------------------------------------
 
     def _status_kib(self, key: str) -> int:
+        if self.worker_pids:  # summed over serve and its workers
+            self.check_alive()
+            return instruments.status_kib_total(self.measured_pids, key) or 0
         for line in self._read_proc("status").splitlines():
             if line.startswith(key + ":"):
                 return int(line.split()[1])
@@ -557,6 +645,9 @@ class PlainServer(ServerProcess):
                              % (impl, ", ".join(plain.PLAIN)))
         if kwargs.get("malloc") == "tuned":
             raise ValueError("a plain server is measured representative or pristine, not tuned")
+        if kwargs.get("workers", 1) != 1:
+            raise ValueError("a plain reference server is one process of its own: it runs with 1 worker, not %r"
+                             % (kwargs["workers"],))
         super().__init__(plain.PREFIX + impl, **kwargs)
         self.counterpart = impl
 
@@ -677,6 +768,15 @@ def check_name(name: str) -> str:
     return name
 
 
+def _process_state(pid: int) -> Optional[str]:
+    """The state letter of /proc/PID/stat (R, S, Z, ...), or None when there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
 def process_tree(leader: int) -> List[int]:
     """``leader`` and every process descended from it or in its process group (a daemon's
     double fork leaves the tree but not the group), from /proc; [] when the leader is gone."""
@@ -724,6 +824,9 @@ class CommandServer(ServerProcess):
             raise ValueError(f"server command {command!r} cannot serve {transport}: its {placeholder} "
                              f"serves {' and '.join(COMMAND_PLACEHOLDERS[placeholder])} only")
         kwargs.pop("python", None)  # not a Python program of ours
+        if kwargs.get("workers", 1) != 1:
+            raise ValueError(f"server command {command!r} runs its own processes: it runs with 1 worker, "
+                             f"not {kwargs['workers']!r}")
         super().__init__(name, **kwargs)
         self.command = command
         self.template = argv

@@ -238,7 +238,7 @@ FAMILY_FIELDS: Dict[str, Dict[str, Any]] = {
            "server_cpu_us_per_msg": NUMBER, "server_user_share": NUMBER, "server_cpu_share": NUMBER,
            "loadgen_cpu_share": NUMBER, "loadgen_bound": FLAG, "noisy_rounds_kept": COUNT,
            "fairness_jain": NUMBER, "fairness_min": NUMBER, "fairness_max": NUMBER,
-           "starving_connections": COUNT, "plain": FLAG, "malloc": TEXT,
+           "starving_connections": COUNT, "plain": FLAG, "malloc": TEXT, "workers": COUNT, "workers_note": TEXT,
            "network": TEXT, "network_delay_us": COUNT, "network_rate_bit": COUNT, "network_rtt_us": NUMBER,
            "alloc_syscalls_per_msg": MapOf(NUMBER), **_ECHO_MEMORY, "rounds": ListOf(_ECHO_ROUND)},
     CEILING: {"impl": TEXT, "connections": REQUIRED(COUNT), "size": COUNT, "transport": TEXT,

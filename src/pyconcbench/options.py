@@ -92,21 +92,46 @@ def parse_transports(text: str) -> Tuple[str, ...]:
     return tuple(dict.fromkeys(out))
 
 
-def parse_cpus(text: str) -> Optional[Tuple[int, int]]:
-    """'0,1' -> (server CPU, load-generator CPU); 'none' turns pinning off."""
+def parse_cpus(text: str) -> Optional[Tuple[Tuple[int, ...], Tuple[int, ...]]]:
+    """'0,1' -> ((0,), (1,)); '0-3,4-7' -> ((0, 1, 2, 3), (4, 5, 6, 7)): the server's CPUs (its
+    workers spread over them, one per CPU) and the load generator's (it runs on the first);
+    'none' turns pinning off."""
     if text.strip().lower() in ("none", "off"):
         return None
     parts = _items(text)
-    if len(parts) != 2 or not all(p.isdigit() for p in parts):
-        raise ValueError(f"{text!r} is not SERVER_CPU,LOADGEN_CPU (e.g. 0,1) or 'none'")
-    server, load = int(parts[0]), int(parts[1])
+    sets = [_cpu_range(p) for p in parts] if len(parts) == 2 else []
+    if len(sets) != 2 or not all(sets):
+        raise ValueError(f"{text!r} is not SERVER_CPUS,LOADGEN_CPUS (e.g. 0,1 or 0-3,4-7) or 'none'")
+    server, load = sets
     allowed = sorted(os.sched_getaffinity(0))
-    for cpu in (server, load):
+    for cpu in server + load:
         if cpu not in allowed:
             raise ValueError(f"CPU {cpu} is not available to this process (allowed: {allowed})")
-    if server == load:
-        raise ValueError(f"server and load generator on the same CPU {server}: give two CPUs or 'none'")
+    shared = sorted(set(server) & set(load))
+    if shared:
+        raise ValueError(f"server and load generator on the same CPU {shared[0]}: give two CPUs or 'none'")
     return server, load
+
+
+def _cpu_range(text: str) -> Tuple[int, ...]:
+    """'3' -> (3,); '0-3' -> (0, 1, 2, 3); () when it is neither."""
+    m = re.fullmatch(r"(\d+)(?:-(\d+))?", text)
+    if not m:
+        return ()
+    first = int(m.group(1))
+    last = int(m.group(2)) if m.group(2) is not None else first
+    return tuple(range(first, last + 1))
+
+
+def parse_workers(text: str) -> Tuple[int, ...]:
+    """'1,2,4' -> worker process counts of each server (pyconcbench.serve --workers)."""
+    from . import harness
+    out = []
+    for part in _items(text):
+        if not part.isdigit() or not 1 <= int(part) <= harness.MAX_WORKERS:
+            raise ValueError(f"{part!r} is not a number of worker processes (1 .. {harness.MAX_WORKERS})")
+        out.append(int(part))
+    return tuple(dict.fromkeys(out))
 
 
 def parse_positive_int(text: str) -> int:
@@ -420,8 +445,14 @@ OPTIONS: Dict[str, Tuple[Callable[[str], Any], Optional[str], str, str]] = {
     "duration": (parse_seconds, None, "seconds per round instead of a fixed number of round trips", "SECONDS"),
     "rounds": (parse_positive_int, None, "measured rounds per benchmark (default: the profile's: quick 5, "
                "full 7, 3 from 3,000 connections on)", "N"),
-    "cpus": (parse_cpus, None, "SERVER_CPU,LOADGEN_CPU to pin to, or 'none' (default: 0,1, or the "
-             "first two CPUs this process may use; pinning off with only one)", "A,B"),
+    "cpus": (parse_cpus, None, "SERVER_CPU,LOADGEN_CPU to pin to, or 'none'; either may be a range, "
+             "e.g. 0-3,4-7: the server's workers spread over its CPUs, one per CPU, the load generator runs "
+             "on its first (default: 0,1, or the first two CPUs this process may use; pinning off with only "
+             "one)", "A,B"),
+    "workers": (parse_workers, "1", "worker processes per echo server, comma-separated to compare, e.g. "
+                "1,2,4: each runs the implementation on a SO_REUSEPORT socket of its own on one port (TCP) or "
+                "on one shared socket (UNIX); other than 1 adds -wN to the test id; the peers (go_net, "
+                "node_net), plain reference servers and --pcb-server-cmd programs run at 1 only", "N"),
     "malloc": (parse_mallocs, None, "allocator states to measure each server in: representative (it has "
                "seen clients disconnect, as any server in use has), pristine (never: glibc then maps and "
                "unmaps asyncio's 256 KiB receive buffer per read), tuned (representative with glibc's "
@@ -530,6 +561,10 @@ class Settings:
     require: Tuple[str, ...] = ()  # implementations the run must measure
     ab: Optional[Dict[str, Any]] = None  # "a"/"b" -> ab.Environment in an interleaved A/B run
     pinning_note: str = ""
+    #: worker processes per echo server (--pcb-workers), and the server's CPU set when a range
+    #: was given (--pcb-cpus 0-3,4-7; ``cpus`` then holds its first CPU and the load generator's)
+    workers: Tuple[int, ...] = (1,)
+    server_cpus: Tuple[int, ...] = ()
     sources: Dict[str, str] = field(default_factory=dict)
     agree: Optional[float] = None  # None: the profile's
     benchmark_table: bool = False  # pytest-benchmark's own table at the end
@@ -631,16 +666,24 @@ def resolve(raw: Callable[[str], Tuple[Optional[str], str]]) -> Settings:
                               "--pcb-server-cmd program is the same on both sides: give it in neither, or compare "
                               "two builds as two runs")
         ab_envs = _ab_environments(values, sources)
-    cpus = values["cpus"]
+    cpus, server_cpus = values["cpus"], ()
     if cpus is None:
         note = f"pinning off ({sources['cpus']})"
     else:
-        note = "server on CPU %d, load generator on CPU %d" % cpus
+        server_set, load_set = cpus
+        cpus = (server_set[0], load_set[0])
+        server_cpus = server_set if len(server_set) > 1 else ()
+        note = "server on CPU%s %s, load generator on CPU %d" % (
+            "s" if server_cpus else "", _cpu_text(server_set), cpus[1])
     if sources["cpus"] == "default":
         # The default 0,1 adapts to the CPUs this process may use; an explicit value does not.
         plan = harness.pinning_plan()
         cpus = None if plan.server_cpu is None else (plan.server_cpu, plan.load_cpu)
         note = plan.note
+    workers = values["workers"]
+    crowded = harness.workers_note(max(workers), len(server_cpus) or (1 if cpus else len(harness.cpus_available())))
+    if crowded:
+        note += "; " + crowded
     return Settings(
         profile=values["profile"],
         impls=impls,
@@ -667,6 +710,8 @@ def resolve(raw: Callable[[str], Tuple[Optional[str], str]]) -> Settings:
         require=values["require"] or (),
         ab=ab_envs,
         pinning_note=note,
+        workers=workers,
+        server_cpus=server_cpus,
         sources=sources,
         agree=values["agree"],
         benchmark_table=values["benchmark-table"],
@@ -685,6 +730,13 @@ def resolve(raw: Callable[[str], Tuple[Optional[str], str]]) -> Settings:
         rates=values["rate"] or profile.openloop_rates,
         arrival=values["arrival"],
     )
+
+
+def _cpu_text(cpus: Tuple[int, ...]) -> str:
+    """(0, 1, 2, 3) -> '0-3'; (2,) -> '2'."""
+    if len(cpus) > 1 and cpus == tuple(range(cpus[0], cpus[-1] + 1)):
+        return f"{cpus[0]}-{cpus[-1]}"
+    return ",".join(map(str, cpus))
 
 
 def _networks(values: Dict[str, Any], sources: Dict[str, str], cases: List[Tuple[int, int, str]],

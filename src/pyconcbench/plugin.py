@@ -18,7 +18,7 @@ from .fixtures import (AB_KEY, CALL_FAILED_KEY, CEILING_KEY, OPENLOOP_KEY, RESUL
                        SWITCH_KEY)
 from .options import Settings
 from .report.ab_tables import families as ab_families, table_lines as ab_table
-from .report.echo_tables import ceiling_table, echo_table, explain_table, syscall_table
+from .report.echo_tables import ceiling_table, echo_table, explain_table, syscall_table, workers_table
 from .report.openloop_tables import table as openloop_table
 from .report.switch_tables import table as switch_table
 
@@ -236,6 +236,7 @@ def pytest_benchmark_update_machine_info(config: pytest.Config, machine_info: Di
             "profile": settings.profile, "rounds": settings.rounds or "by profile and scale",
             "cpus": list(settings.cpus) if settings.cpus else None,
             "pinning": settings.pinning_note, "noise_retries": settings.noise_retries,
+            "workers": list(settings.workers), "server_cpus": list(settings.server_cpus) or None,
             "networks": [n.spec for n in settings.networks] or ["local"],
         }
         if settings.ab is not None:
@@ -247,7 +248,8 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     ceiling = config.stash.get(CEILING_KEY, None)
     if rows or ceiling:
         terminalreporter.write_sep("-", "pyconcbench echo results")
-        for line in (echo_table(rows or []) + explain_table(rows or []) + syscall_table(rows or [])
+        for line in (echo_table(rows or []) + workers_table(rows or []) + explain_table(rows or [])
+                     + syscall_table(rows or [])
                      + ceiling_table(ceiling or [])):
             terminalreporter.write_line(line)
     open_rows = config.stash.get(OPENLOOP_KEY, None)

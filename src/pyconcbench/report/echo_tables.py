@@ -28,11 +28,20 @@ def comparison_notes(row: Dict[str, Any], group: List[Dict[str, Any]]) -> List[s
     notes: List[str] = []
     network = row.get("network", "local")
 
+    workers = row.get("workers") or 1
+
     def find(**want: Any) -> Optional[Dict[str, Any]]:
         want.setdefault("network", (network, "local"))
+        want.setdefault("workers", (workers, 1))
         return next((r for r in group if all(r.get(k, d) == v for k, (v, d) in want.items())), None)
 
     impl, malloc = row["impl"], row.get("malloc", "representative")
+    if workers != 1:
+        one = find(impl=(impl, None), plain=(False, False), malloc=(malloc, "representative"), workers=(1, 1))
+        if one and one["msgs_per_s"]:
+            notes.append(f"{row['msgs_per_s'] / one['msgs_per_s']:.2f}x 1 worker")
+        if row.get("workers_note"):
+            notes.append(row["workers_note"])
     if network != "local":
         notes += network_notes(row, find(impl=(impl, None), plain=(bool(row.get("plain")), False),
                                          malloc=(malloc, "representative"), network=("local", "local")))
@@ -85,11 +94,13 @@ def network_notes(row: Dict[str, Any], local: Optional[Dict[str, Any]]) -> List[
 
 
 def baseline(row: Dict[str, Any], group: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
-    """The native_epoll row a row's "x native" and "overhead" are against: over the same network."""
+    """The native_epoll row a row's "x native" and "overhead" are against: over the same network,
+    with as many workers."""
     network = row.get("network", "local")
+    workers = row.get("workers") or 1
     return next((r for r in group if r["impl"] == BASELINE and not r.get("plain")
                  and r.get("malloc", "representative") == "representative"
-                 and r.get("network", "local") == network), None)
+                 and r.get("network", "local") == network and (r.get("workers") or 1) == workers), None)
 
 
 def size_label(size: int) -> str:
@@ -149,6 +160,38 @@ def echo_table(rows: Iterable[Dict[str, Any]]) -> List[str]:
                 f"{_fmt(r.get('rss_per_conn_kib'), '.1f'):>8}  "
                 + "; ".join(notes)
             )
+    return lines
+
+
+def workers_table(rows: Iterable[Dict[str, Any]]) -> List[str]:
+    """Round trips per second by worker processes (--pcb-workers), per scale and implementation
+    (representative allocator, local loopback, project servers), with each count's speed-up over
+    1 worker; [] when every row ran with 1 worker."""
+    rows = [r for r in rows if not r.get("plain") and r.get("malloc", "representative") == "representative"
+            and r.get("network", "local") == "local"]
+    counts = sorted({r.get("workers") or 1 for r in rows})
+    if counts == [1] or not counts:
+        return []
+    table: Dict[Tuple[Tuple[str, int, int, int], str], Dict[int, Dict[str, Any]]] = {}
+    for r in rows:
+        table.setdefault((_scale_key(r), r["impl"]), {})[r.get("workers") or 1] = r
+    lines = ["", "msgs/s by worker processes (x: against 1 worker)",
+             f"{'scale':<24} {'implementation':<{WIDTH - 14}}" + "".join(f" {'w' + str(n):>16}" for n in counts)]
+    notes = sorted({r["workers_note"].split(":")[0] for r in rows if r.get("workers_note")})
+    for ((transport, size, conns, pipeline), impl), by in sorted(table.items()):
+        scale = f"c{conns}-{size_label(size)}" + (f"-p{pipeline}" if pipeline != 1 else "") + f" {transport}"
+        one = by.get(1)
+        cells = []
+        for n in counts:
+            r = by.get(n)
+            if r is None:
+                cells.append(f" {'-':>16}")
+                continue
+            x = f" ({r['msgs_per_s'] / one['msgs_per_s']:.2f}x)" if one and one["msgs_per_s"] and n != 1 else ""
+            cells.append(f" {format(r['msgs_per_s'], ',.0f') + x:>16}")
+        lines.append(f"{scale:<24} {impl:<{WIDTH - 14}}" + "".join(cells))
+    if notes:
+        lines.append("⚠ " + "; ".join(notes) + ": a functional check, not a scaling figure")
     return lines
 
 

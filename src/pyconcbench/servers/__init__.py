@@ -68,6 +68,15 @@ IMPLS = {
     "node_net": Impl("node_net", (), "Node.js net.createServer", ("node",)),
 }
 
+def one_process(impl: str) -> str:
+    """Why ``impl`` serves from one process only, never with workers (``pyconcbench.serve
+    --workers``): '' when it can.  The peers run a program of their own (Go, Node)."""
+    spec = IMPLS.get(impl)
+    if spec is not None and spec.tools:
+        return "%s runs a program of its own (an external peer)" % impl
+    return ""
+
+
 #: Test-only knob: ``PCB_TEST_SLOWDOWN_NS=N`` makes the servers below busy-wait N ns of CPU for
 #: every chunk they receive (one per message in a closed-loop echo of small messages), so the
 #: regression gate can be shown to catch a slowdown of a known size.  Other servers refuse to
