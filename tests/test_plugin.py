@@ -46,7 +46,7 @@ def test_help_lists_every_option(pytester):
     (["--pcb-rounds", "0"], {}, "--pcb-rounds: '0' is not a whole number >= 1"),
     (["--pcb-duration", "-1"], {}, "--pcb-duration: '-1' must be > 0 seconds"),
     (["--pcb-messages", "10", "--pcb-duration", "1"], {}, "*exclude each other*"),
-    (["--pcb-conns", "100000"], {}, "--pcb-conns: 100000 connections do not fit: one process holds at most * sockets here*"),
+    (["--pcb-conns", "100000"], {}, "--pcb-conns: 100000 connections do not fit: one server process holds at most * sockets here*"),
     (["--pcb-transport", "udp"], {}, "--pcb-transport: 'udp' is not a transport (tcp, unix)"),
     (["--pcb-malloc", "default"], {}, "--pcb-malloc: 'default' is gone: the default state is now 'representative'*"),
     (["--pcb-reference", "some"], {}, "--pcb-reference: 'some' is not one of auto, all, none"),

@@ -94,6 +94,11 @@ class EngineSet:
                 changes["source"] = source_for(spec.host, k)
             self.specs.append(spec.with_(**changes))
 
+    @property
+    def pids(self) -> List[int]:
+        """The engine processes (the noise judge counts their CPU as the load generator's)."""
+        return [c.pid for c in self.children if c.proc is not None]
+
     # -- LoadSession's interface ------------------------------------------------------------------
 
     def open(self) -> "EngineSet":

@@ -168,7 +168,9 @@ def echo_servers(request: pytest.FixtureRequest, echo_case: EchoCase,
     normal run, {"a": A's, "b": B's} in an interleaved A/B run (--pcb-ab-a/--pcb-ab-b).  A case
     over a simulated network (--pcb-network netns...) gets a network namespace of its own, the
     server in it, removed after the server stopped; what it needs missing here is a skip."""
-    _call(lambda: loadgen.ensure_fd_limit(echo_case.connections), (), (loadgen.FdLimitError,))
+    # past one process's sockets the load runs in several engine processes (pyconcbench.engines)
+    _call(lambda: loadgen.ensure_fd_limit(min(echo_case.connections, loadgen.max_connections())), (),
+          (loadgen.FdLimitError,))
     started: Dict[str, harness.ServerProcess] = {}
     namespace: Optional[netsim.Namespace] = None
     try:

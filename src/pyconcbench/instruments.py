@@ -133,11 +133,16 @@ def process_runtime(pid: int) -> Optional[float]:
     return total / 1e9 if read else None
 
 
-def snapshot(server_pid: Union[None, int, Sequence[int]]) -> CpuSnapshot:
+def snapshot(server_pid: Union[None, int, Sequence[int]], load_pids: Sequence[int] = ()) -> CpuSnapshot:
     """The machine's, this process's and the server's CPU time now; ``server_pid`` may be
     several processes (a server that forks workers), summed (those that are gone count 0;
-    ``server_runtime`` is None when none could be read)."""
+    ``server_runtime`` is None when none could be read); ``load_pids``: the load generator's
+    engine processes (pyconcbench.engines), counted as this process's own, not as others'."""
     own = process_cpu(os.getpid()) or (0.0, 0.0)
+    for pid in load_pids:
+        cpu = process_cpu(pid)
+        if cpu is not None:
+            own = (own[0] + cpu[0], own[1] + cpu[1])
     pids = () if not server_pid else (server_pid,) if isinstance(server_pid, int) else tuple(server_pid)
     user = system = 0.0
     runtime: Optional[float] = None

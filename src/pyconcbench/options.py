@@ -647,11 +647,16 @@ def resolve(raw: Callable[[str], Tuple[Optional[str], str]]) -> Settings:
             transports or ("tcp",),
         ))
     top = loadgen.max_connections()
-    too_many = [c for c, _, _ in cases if c > top]
+    # the load generator takes any number (several engines: pyconcbench.engines); a server
+    # process holds at most `top`, so more need as many workers (--pcb-workers)
+    most = top * max(values["workers"])
+    too_many = [c for c, _, _ in cases if c > most]
     if too_many:
+        need = -(-too_many[0] // top)
         raise OptionError(
-            f"{sources['conns']}: {too_many[0]} connections do not fit: one process holds at most "
-            f"{top} sockets here (ulimit -n hard limit {loadgen.fd_limit()[1]}); use 'max'")
+            f"{sources['conns']}: {too_many[0]} connections do not fit: one server process holds at most "
+            f"{top} sockets here (ulimit -n hard limit {loadgen.fd_limit()[1]}): give --pcb-workers {need} "
+            "or more (each worker holds its share), or use 'max'")
     impls, server_name = values["impl"], ""
     if values["server-cmd"] is not None:
         server_name = _command_server(values, sources, cases)
