@@ -255,3 +255,21 @@ def test_a_run_removes_the_temporary_directories_a_killed_run_left_behind(pytest
     result.assert_outcomes(passed=1)
     assert not any(path.exists() for path in stale)
     assert alive.exists()
+
+
+def test_a_run_past_one_process_on_both_sides(suite):
+    """Several load engines (--pcb-engines) against a server of several workers (--pcb-workers):
+    every connection served and verified, the figures merged over the engines, the engines'
+    CPU the load generator's (not another process's: the rounds are not all noisy for it)."""
+    args = ["-p", "no:cacheprovider", "--pcb-impl", "native_epoll,asyncio_protocol", "--pcb-conns", "600",
+            "--pcb-messages", "6000", "--pcb-rounds", "2", "--pcb-engines", "3", "--pcb-workers", "2",
+            "--pcb-explain", "no", "--benchmark-json", "out.json"]
+    result = suite.runpytest_subprocess(*args)
+    result.assert_outcomes(passed=2)
+    data = json.loads((suite.path / "out.json").read_text())
+    for bench in data["benchmarks"]:
+        info = bench["extra_info"]
+        assert info["load_engines"] == 3 and info["workers"] == 2 and info["connections"] == 600
+        assert all(r["completed"] == 6000 for r in info["rounds"])
+        assert info["fairness_min"] >= 1 and not info["errors"]
+        assert all("other processes" not in (r["noisy"] or "") for r in info["rounds"] + info["rejected_rounds"])
