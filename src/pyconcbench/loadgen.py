@@ -28,7 +28,6 @@ __all__ = [
     "LoadSpec",
     "Histogram",
     "merged",
-    "merged_uncorrected",
     "ensure_fd_limit",
     "fairness",
     "fd_limit",
@@ -512,22 +511,16 @@ def run(spec: LoadSpec) -> LoadResult:
         return session.round()
 
 
-def merged(results: Sequence[LoadResult]) -> Any:
+def merged(results: Sequence[LoadResult], uncorrected: bool = False) -> Any:
     """One Histogram of every phase's latencies: percentiles over several rounds are then the
-    same code and the same answer as over one phase with every sample."""
+    same code and the same answer as over one phase with every sample.  ``uncorrected``: of
+    open-loop rounds' histograms from each message's actual send."""
+    name = "histogram_uncorrected" if uncorrected else "histogram"
     total = Histogram()
     for r in results:
-        if r.histogram is None:
-            raise ValueError("merged: a LoadResult without its histogram")
-        total.merge(r.histogram)
-    return total
-
-
-def merged_uncorrected(results: Sequence[LoadResult]) -> Any:
-    """merged() of open-loop rounds' uncorrected histograms (from each message's actual send)."""
-    total = Histogram()
-    for r in results:
-        if r.histogram_uncorrected is None:
-            raise ValueError("merged_uncorrected: a LoadResult of a closed loop (no uncorrected histogram)")
-        total.merge(r.histogram_uncorrected)
+        hist = getattr(r, name)
+        if hist is None:
+            raise ValueError(f"merged: a LoadResult without its {name}"
+                             + (" (a closed loop has none)" if uncorrected else ""))
+        total.merge(hist)
     return total

@@ -153,7 +153,7 @@ class OpenLoopRunner(EchoRunner):
         elapsed = sum(r.elapsed for r in results)
         achieved = completed / elapsed if elapsed else 0.0
         corrected = loadgen.merged(results)
-        uncorrected = loadgen.merged_uncorrected(results)
+        uncorrected = loadgen.merged(results, uncorrected=True)
         pct = uncorrected.percentiles(PERCENTILES)
         sent = sum(r.sent for r in results)
         maximum = self.maximum

@@ -237,13 +237,9 @@ def _openloop_plots(plt, infos: List[Dict[str, Any]], skipped: List[str]) -> Lis
                     ax.plot([p[0] for p in pts], [p[1] for p in pts], linestyle=style, color=look["color"],
                             marker=look["marker"], markersize=4, label=f"{label} {pname}")
         ax.set_yscale("log")
-        ax.set_title(_plain(f"Latency vs achieved rate ({title})"))
-        ax.set_xlabel("achieved round trips per second")
-        ax.set_ylabel("latency from the intended send, µs (log)")
-        ax.grid(True, which="major", alpha=0.3)
-        ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
-        out.append((f"openloop-latency-vs-rate-{name}.png", _png(fig)))
-        plt.close(fig)
+        out.append((f"openloop-latency-vs-rate-{name}.png",
+                    _finish(plt, fig, ax, f"Latency vs achieved rate ({title})", "achieved round trips per second",
+                            "latency from the intended send, µs (log)")))
         by_rate: Dict[str, List[Dict[str, Any]]] = {}
         for r in rows:
             by_rate.setdefault(str(r.get("rate_label") or r.get("rate_asked")), []).append(r)
@@ -263,14 +259,22 @@ def _openloop_plots(plt, infos: List[Dict[str, Any]], skipped: List[str]) -> Lis
             ax.set_xticks([t[0] for t in ticks])
             ax.set_xticklabels([t[1] for t in ticks])
             said = rate.replace("pct", " % of each one's maximum") if rate.endswith("pct") else f"{rate} round trips/s"
-            ax.set_title(_plain(f"Latency distribution at {said} ({title})"), fontsize=10)
-            ax.set_xlabel("percentile")
-            ax.set_ylabel("latency, µs (log)")
-            ax.grid(True, which="major", alpha=0.3)
-            ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
-            out.append((f"openloop-distribution-{name}-{rate}.png", _png(fig)))
-            plt.close(fig)
+            out.append((f"openloop-distribution-{name}-{rate}.png",
+                        _finish(plt, fig, ax, f"Latency distribution at {said} ({title})", "percentile",
+                                "latency, µs (log)")))
     return out
+
+
+def _finish(plt, fig, ax, title: str, xlabel: str, ylabel: str) -> bytes:
+    """The open loop's plots' titles, grid and legend, as PNG bytes; the figure closed."""
+    ax.set_title(_plain(title), fontsize=10)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
+    data = _png(fig)
+    plt.close(fig)
+    return data
 
 
 def _depth_plot(plt, depth: Dict[str, List[Tuple[float, float]]], depths: List[int]) -> bytes:
