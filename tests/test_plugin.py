@@ -272,4 +272,7 @@ def test_a_run_past_one_process_on_both_sides(suite):
         assert info["load_engines"] == 3 and info["workers"] == 2 and info["connections"] == 600
         assert all(r["completed"] == 6000 for r in info["rounds"])
         assert info["fairness_min"] >= 1 and not info["errors"]
-        assert all("other processes" not in (r["noisy"] or "") for r in info["rounds"] + info["rejected_rounds"])
+        # (counted as others', the engines' CPU made every try noisy; another job on the machine may
+        # still make one so)
+        tries = info["rounds"] + info["rejected_rounds"]
+        assert sum("other processes" in (r["noisy"] or "") for r in tries) < len(tries), tries

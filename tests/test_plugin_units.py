@@ -156,7 +156,7 @@ def fakes(monkeypatch):
     def probe(a, b, iterations=20000):
         return state["probes"].pop(0)
 
-    def snap(pid):
+    def snap(pid, load_pids=()):
         return state["snaps"].pop(0)
 
     monkeypatch.setattr(instruments, "cacheline_rtt", probe)

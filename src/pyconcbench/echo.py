@@ -110,18 +110,16 @@ def echo_cases(settings: Settings) -> List[EchoCase]:
             mallocs = list(settings.mallocs) + [v[4] for v in settings.variants
                                                 if (v[0], v[1], v[2], v[3]) == (impl, conns, size, transport)]
             mallocs = list(dict.fromkeys(mallocs))
+            # (a count of workers that cannot hold the connections is generated, and skips saying
+            # so: fixtures.echo_servers; options refuses a run where no count can)
             counts = (1,) if servers.one_process(impl) else settings.workers
-            # a server process holds at most one process's sockets: a count of workers that cannot
-            # hold the connections is not run (options refuses a run where none can)
-            counts = tuple(n for n in counts if conns <= n * loadgen.max_connections())
             for malloc in mallocs:  # the profile's variants (a state not chosen) at 1 worker only
                 out += [EchoCase(impl, conns, size, transport, malloc, pipeline=settings.pipeline, workers=n)
                         for n in (counts if malloc in settings.mallocs else (1,))]
             if reference and impl in plain.PLAIN and conns <= loadgen.max_connections():
                 out += [EchoCase(impl, conns, size, transport, malloc, plain=True, pipeline=settings.pipeline)
                         for malloc in mallocs if malloc != "tuned"]
-        if (settings.server_cmd and transport in harness.command_transports(settings.server_cmd)
-                and conns <= loadgen.max_connections()):
+        if settings.server_cmd and transport in harness.command_transports(settings.server_cmd):
             out += [EchoCase(settings.server_name, conns, size, transport, malloc, command=settings.server_cmd,
                              pipeline=settings.pipeline)
                     for malloc in settings.mallocs]

@@ -23,7 +23,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import pytest
 
-from . import ab, echo, harness, instruments, loadgen, micro, netsim, openloop, options
+from . import ab, echo, harness, instruments, loadgen, micro, netsim, openloop, options, servers
 from . import zmq as pcbzmq
 from .echo import EchoCase, EchoOutcome, EchoRunner
 from .options import Settings
@@ -168,6 +168,15 @@ def echo_servers(request: pytest.FixtureRequest, echo_case: EchoCase,
     normal run, {"a": A's, "b": B's} in an interleaved A/B run (--pcb-ab-a/--pcb-ab-b).  A case
     over a simulated network (--pcb-network netns...) gets a network namespace of its own, the
     server in it, removed after the server stopped; what it needs missing here is a skip."""
+    per_process = loadgen.max_connections()
+    if echo_case.connections > per_process * echo_case.workers:
+        # the run's own settings, not something missing here: a skip even in a strict run
+        need = -(-echo_case.connections // per_process)
+        one = servers.one_process(echo_case.impl) or echo_case.plain or echo_case.command is not None
+        pytest.skip(f"{echo_case.id}: {echo_case.connections} connections do not fit in "
+                    f"{echo_case.workers} server process{'es' if echo_case.workers > 1 else ''} (one holds at most "
+                    f"{per_process} sockets here)"
+                    + (": it runs as one process only" if one else f": needs --pcb-workers {need} or more"))
     # past one process's sockets the load runs in several engine processes (pyconcbench.engines)
     _call(lambda: loadgen.ensure_fd_limit(min(echo_case.connections, loadgen.max_connections())), (),
           (loadgen.FdLimitError,))

@@ -186,6 +186,31 @@ def _plot_all(fams: Families) -> Tuple[List[Tuple[str, bytes]], List[str]]:
         skipped.append("msgs/s vs message size: no size sweep in these runs (the full profile, or "
                        "--pcb-size 64,1KiB,10KiB,100KiB, has one)")
 
+    # msgs/s by worker processes (--pcb-workers), per scale: one line per implementation
+    by_case: Dict[Tuple[str, int, int], Dict[str, List[Tuple[float, float]]]] = {}
+    crowded = False
+    for i in infos:
+        if i.get("plain") or i.get("malloc", "representative") != "representative":
+            continue
+        series = by_case.setdefault((i["transport"], i["size"], i["connections"]), {})
+        series.setdefault(_plain(i["impl"]), []).append((i.get("workers") or 1, i["msgs_per_s"]))
+        crowded = crowded or bool(i.get("workers_note"))
+    drew_workers = False
+    for (transport, size, conns), series in sorted(by_case.items()):
+        series = {k: v for k, v in series.items() if len({w for w, _ in v}) >= 2}
+        if not series:
+            continue
+        drew_workers = True
+        counts = sorted({w for pts in series.values() for w, _ in pts})
+        title = f"Echo throughput by worker processes ({conns:,} connections x {size_label(size)} over {transport})"
+        if crowded:
+            title += ": workers outnumber the server's CPUs, a functional check"
+        images.append((f"echo-msgs-vs-workers-{transport}-{size_label(size)}-c{conns}.png",
+                       _lines(plt, series, title, "worker processes", "round trips per second", False, False,
+                              [(w, str(w)) for w in counts])))
+    if not drew_workers:
+        skipped.append("msgs/s vs worker processes: no server run at two or more worker counts (--pcb-workers 1,2,4)")
+
     images += _openloop_plots(plt, [b["extra_info"] for b in fams.openloop], skipped)
 
     switch = [b["extra_info"] for b in fams.switch]
