@@ -276,3 +276,23 @@ def test_a_run_past_one_process_on_both_sides(suite):
         # still make one so)
         tries = info["rounds"] + info["rejected_rounds"]
         assert sum("other processes" in (r["noisy"] or "") for r in tries) < len(tries), tries
+
+
+def test_what_cannot_hold_60000_connections_says_why_in_one_line(suite):
+    # nothing is started: a thread per connection needs more tasks than the kernel numbers, a
+    # peer runs as one process, one worker holds about 20,000 sockets here
+    from pyconcbench import fixtures, loadgen
+    if not 0 < fixtures._pid_max() < 60000 + fixtures.PID_MARGIN or loadgen.max_connections() * 3 >= 60000:
+        pytest.skip("this machine's kernel.pid_max or fd limit would let the 60,000-connection cases run")
+    result = suite.runpytest_subprocess("-p", "no:cacheprovider", "--pcb-impl", "threads,go_net,native_epoll",
+                                        "--pcb-conns", "60k", "--pcb-workers", "1,4", "--pcb-explain", "no",
+                                        "--benchmark-disable", "-rs", "-k", "threads or go_net or w1 or not w4")
+    result.assert_outcomes(skipped=4)
+    result.stdout.fnmatch_lines_random([
+        "*threads-c60000-64B: 60000 connections do not fit in 1 server process (one holds at most * sockets "
+        "here): needs --pcb-workers 4 or more*",
+        "*threads-c60000-64B-w4: a thread per connection needs 60000 threads, and this kernel numbers at most "
+        "* tasks in all (kernel.pid_max)*",
+        "*go_net-c60000-64B: 60000 connections do not fit in 1 server process (*): it runs as one process only*",
+        "*native_epoll-c60000-64B: 60000 connections do not fit in 1 server process (*): needs --pcb-workers 4*",
+    ])

@@ -161,6 +161,20 @@ def _start_echo_server(case: EchoCase, settings: Settings, python: Optional[str]
     return server
 
 
+#: Tasks (processes and threads) the rest of the machine is left when a server starts a thread
+#: per connection.
+PID_MARGIN = 2000
+
+
+def _pid_max() -> int:
+    """kernel.pid_max: how many tasks the kernel numbers at most (0 when unreadable)."""
+    try:
+        with open("/proc/sys/kernel/pid_max") as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return 0
+
+
 @pytest.fixture
 def echo_servers(request: pytest.FixtureRequest, echo_case: EchoCase,
                  pcb_settings: Settings) -> Dict[str, harness.ServerProcess]:
@@ -177,6 +191,10 @@ def echo_servers(request: pytest.FixtureRequest, echo_case: EchoCase,
                     f"{echo_case.workers} server process{'es' if echo_case.workers > 1 else ''} (one holds at most "
                     f"{per_process} sockets here)"
                     + (": it runs as one process only" if one else f": needs --pcb-workers {need} or more"))
+    tasks = _pid_max()
+    if echo_case.impl in servers.THREAD_PER_CONNECTION and tasks and echo_case.connections > tasks - PID_MARGIN:
+        pytest.skip(f"{echo_case.id}: a thread per connection needs {echo_case.connections} threads, and this kernel "
+                    f"numbers at most {tasks} tasks in all (kernel.pid_max)")
     # past one process's sockets the load runs in several engine processes (pyconcbench.engines)
     _call(lambda: loadgen.ensure_fd_limit(min(echo_case.connections, loadgen.max_connections())), (),
           (loadgen.FdLimitError,))

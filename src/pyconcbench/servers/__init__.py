@@ -83,6 +83,9 @@ def one_process(impl: str) -> str:
 #: start while it is set; results carry ``test_slowdown_ns``.  Never set it for real runs.
 SLOWDOWN_ENV = "PCB_TEST_SLOWDOWN_NS"
 SLOWDOWN_IMPLS = ("asyncio_protocol", "uvloop_protocol")
+#: The models that start an OS thread per connection: each is a task the kernel numbers
+#: (kernel.pid_max bounds them with every other task of the machine).
+THREAD_PER_CONNECTION = ("threads", "native_threads")
 
 
 def slowdown_ns() -> int:
