@@ -188,7 +188,7 @@ def outcome(round_counts, latencies=None, rss=None, idle=None, noisy=None):
         records=recs, rejected=[], case=EchoCase("native_epoll", len(round_counts[0]), 64, "tcp"),
         server=SimpleNamespace(ready={}, measured_pid=0, measured_pids=(0,)), messages=sum(round_counts[0]),
         settings=SimpleNamespace(pinning_note="test", noise_retries=2), probe_baseline=None, speed=None,
-        plan=rounds.Plan.fixed(len(round_counts)), rss_idle_kib=idle, rss_connected_kib=idle and idle + 8)
+        plan=rounds.Plan.fixed(len(round_counts)), rss_idle_kib=idle, rss_connected_kib=idle and idle + 8, engines=1)
     with mock.patch.object(instruments, "proc_status_kib", return_value=None):
         return EchoOutcome.from_records(runner, connect_seconds=0.001).extra
 
