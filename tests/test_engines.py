@@ -83,6 +83,15 @@ def test_an_engine_that_fails_is_named(native):
                     str(info.value)), str(info.value)
 
 
+def test_round_trips_split_unevenly_still_add_up(native):
+    # 1,000 over 3 engines: 334 + 333 + 333 (a share of each rounded would ask for 999)
+    with engines.EngineSet(spec_for(native, connections=3, messages=1000, warmup_messages=30), 3) as es:
+        assert es.round().completed == 1000
+        assert es.round(messages=100).completed == 100
+        with pytest.raises(ValueError, match="2 round trips cannot be split over 3 engines"):
+            es.round(messages=2)
+
+
 def test_splitting():
     assert engines.shares(10, 3) == [4, 3, 3] and sum(engines.shares(60000, 4)) == 60000
     assert engines.engines_for(100, limit=19936) == 1

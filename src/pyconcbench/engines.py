@@ -82,14 +82,16 @@ class EngineSet:
         self.connect_seconds = 0.0
         self.children: List[procs.Child] = []
         self.specs: List[loadgen.LoadSpec] = []
+        if spec.messages and spec.messages < engines:
+            raise ValueError(f"EngineSet: {spec.messages} round trips cannot be split over {engines} engines")
         conns = shares(spec.connections, engines)
         warm = shares(spec.warmup_messages, engines)
+        msgs = shares(spec.messages, engines)  # exact: the engines' round trips add up to the spec's
         for k in range(engines):
             # each engine process is pinned from outside (procs.Child), its spec unpinned: engines
             # sharing a CPU must sleep until their sends are due, not poll for them
             changes: Dict[str, Any] = dict(connections=conns[k], warmup_messages=warm[k], cpu=None,
-                                           messages=max(1, round(spec.messages * conns[k] / spec.connections))
-                                           if spec.messages else 0, seed=(spec.seed + k) % (1 << 64))
+                                           messages=msgs[k], seed=(spec.seed + k) % (1 << 64))
             if spec.transport == "tcp":
                 changes["source"] = source_for(spec.host, k)
             self.specs.append(spec.with_(**changes))
@@ -132,12 +134,15 @@ class EngineSet:
         spec = self.spec
         if messages is None and duration is None:
             messages, duration = spec.messages, spec.duration
+        if messages and messages < self.engines:
+            raise ValueError(f"EngineSet.round: {messages} round trips cannot be split over {self.engines} engines")
+        # exact: the engines' round trips add up to those asked (a rounded share would not)
+        parts = shares(messages, self.engines) if messages else [0] * self.engines
         at = time.monotonic() + START_AHEAD
         for k, (child, part) in enumerate(zip(self.children, self.specs)):
             share = part.connections / spec.connections
             request = {"do": "round", "at": at, "duration": duration or 0.0, "arrival": arrival,
-                       "messages": max(1, round((messages or 0) * share)) if messages else 0,
-                       "rate": rate * share if rate else 0.0, "deadline": deadline}
+                       "messages": parts[k], "rate": rate * share if rate else 0.0, "deadline": deadline}
             try:
                 child.write_line(json.dumps(request).encode())
             except procs.ChildError as exc:

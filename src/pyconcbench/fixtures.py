@@ -196,7 +196,7 @@ def echo_servers(request: pytest.FixtureRequest, echo_case: EchoCase,
         pytest.skip(f"{echo_case.id}: a thread per connection needs {echo_case.connections} threads, and this kernel "
                     f"numbers at most {tasks} tasks in all (kernel.pid_max)")
     # past one process's sockets the load runs in several engine processes (pyconcbench.engines)
-    _call(lambda: loadgen.ensure_fd_limit(min(echo_case.connections, loadgen.max_connections())), (),
+    _call(lambda: loadgen.ensure_fd_limit(min(echo_case.connections, per_process)), (),
           (loadgen.FdLimitError,))
     started: Dict[str, harness.ServerProcess] = {}
     namespace: Optional[netsim.Namespace] = None
@@ -251,6 +251,20 @@ class EchoRun:
     extra: Dict[str, Any] = field(default_factory=dict)  # what was saved as extra_info
 
 
+def _load_failure(request: pytest.FixtureRequest, case_id: str, servers_: Dict[str, harness.ServerProcess],
+                  exc: loadgen.LoadError) -> str:
+    """A load that failed, in one line: the server's death when one died during it (then said
+    once: the teardown does not repeat it), else the load's own error."""
+    for side, server in servers_.items():
+        try:
+            server.check_alive()
+        except harness.ServerError as died:
+            request.node.stash[SERVER_REPORTED_KEY] = True
+            where = f"A/B side {side.upper()}: " if side else ""
+            return f"{case_id}: {where}the server died during the load ({exc}): {died}"
+    return f"{case_id}: {exc}"
+
+
 @pytest.fixture
 def echo_bench(request: pytest.FixtureRequest, benchmark: Any, echo_case: EchoCase,
                echo_servers: Dict[str, harness.ServerProcess], pcb_settings: Settings,
@@ -279,15 +293,7 @@ def echo_bench(request: pytest.FixtureRequest, benchmark: Any, echo_case: EchoCa
         except ab.ABError as exc:
             failure = f"{echo_case.id}: {exc}"
         except loadgen.LoadError as exc:
-            failure = f"{echo_case.id}: {exc}"
-            for side, server in echo_servers.items():
-                try:
-                    server.check_alive()
-                except harness.ServerError as died:
-                    where = f"A/B side {side.upper()}: " if side else ""
-                    failure = f"{echo_case.id}: {where}the server died during the load ({exc}): {died}"
-                    request.node.stash[SERVER_REPORTED_KEY] = True
-                    break
+            failure = _load_failure(request, echo_case.id, echo_servers, exc)
         except harness.ServerError as exc:
             failure = f"{echo_case.id}: {exc}"
             request.node.stash[SERVER_REPORTED_KEY] = True
@@ -323,12 +329,7 @@ def openloop_bench(request: pytest.FixtureRequest, benchmark: Any, openloop_case
                                              pcb_speed_gauge)
             outcome = runner.run(benchmark)
         except loadgen.LoadError as exc:
-            failure = f"{openloop_case.id}: {exc}"
-            try:
-                server.check_alive()
-            except harness.ServerError as died:
-                failure = f"{openloop_case.id}: the server died during the load ({exc}): {died}"
-                request.node.stash[SERVER_REPORTED_KEY] = True
+            failure = _load_failure(request, openloop_case.id, echo_servers, exc)
         except harness.ServerError as exc:
             failure = f"{openloop_case.id}: {exc}"
             request.node.stash[SERVER_REPORTED_KEY] = True
