@@ -114,13 +114,14 @@ def parse_cpus(text: str) -> Optional[Tuple[Tuple[int, ...], Tuple[int, ...]]]:
 
 
 def _cpu_range(text: str) -> Tuple[int, ...]:
-    """'3' -> (3,); '0-3' -> (0, 1, 2, 3); () when it is neither."""
-    m = re.fullmatch(r"(\d+)(?:-(\d+))?", text)
-    if not m:
+    """'3' -> (3,); '0-3' -> (0, 1, 2, 3); () when it is neither (procs.cpu_set of one part)."""
+    from . import procs  # here: the report reads options without loading the process helpers
+    if "," in text:
         return ()
-    first = int(m.group(1))
-    last = int(m.group(2)) if m.group(2) is not None else first
-    return tuple(range(first, last + 1))
+    try:
+        return procs.cpu_set(text)
+    except ValueError:
+        return ()
 
 
 def parse_workers(text: str) -> Tuple[int, ...]:

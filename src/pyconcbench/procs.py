@@ -499,3 +499,19 @@ class Child:
             if time.monotonic() >= deadline:
                 return False
             time.sleep(0.002)
+
+
+def cpu_set(text: str) -> Tuple[int, ...]:
+    """'2' -> (2,); '0,2' -> (0, 2); '0-3' -> (0, 1, 2, 3): CPUs in the order given, no repeats
+    (a child's pinning: ``serve --cpu``, and each half of ``--pcb-cpus``).  ValueError saying
+    what is wrong."""
+    out: List[int] = []
+    for part in text.split(","):
+        lo, dash, hi = part.strip().partition("-")
+        if not lo.isdigit() or (dash and not hi.isdigit()):
+            raise ValueError("not a CPU, list or range (2, 0,2, 0-3): %r" % text)
+        first, last = int(lo), int(hi) if dash else int(lo)
+        if last < first:
+            raise ValueError("empty CPU range: %r" % part.strip())
+        out.extend(range(first, last + 1))
+    return tuple(dict.fromkeys(out))

@@ -60,7 +60,7 @@ from typing import List, Optional, Sequence, Tuple
 from pyconcbench import loopback, servers
 from pyconcbench.procs import (EXIT_BROKEN, EXIT_FAILED, EXIT_MISSING, EXIT_UNSUPPORTED, EXIT_UNUSABLE, TMPDIR_ENV, arm_parent_death,
                                set_parent_death_signal,
-                               start_guard)
+                               cpu_set, start_guard)
 
 PROG = "pyconcbench.serve"
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -139,17 +139,11 @@ def _workers(text: str) -> int:
 
 
 def _cpu_set(text: str) -> Tuple[int, ...]:
-    """'2' -> (2,); '0,2' -> (0, 2); '0-3' -> (0, 1, 2, 3); in the order given, no repeats."""
-    out: List[int] = []
-    for part in text.split(","):
-        lo, dash, hi = part.strip().partition("-")
-        if not lo.isdigit() or (dash and not hi.isdigit()):
-            raise argparse.ArgumentTypeError("not a CPU, list or range (2, 0,2, 0-3): %r" % text)
-        first, last = int(lo), int(hi) if dash else int(lo)
-        if last < first:
-            raise argparse.ArgumentTypeError("empty CPU range: %r" % part.strip())
-        out.extend(range(first, last + 1))
-    return tuple(dict.fromkeys(out))
+    """--cpu: procs.cpu_set, its error argparse's."""
+    try:
+        return cpu_set(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _port(text: str) -> int:
